@@ -1,0 +1,1 @@
+"""Hardware: catalog of GPUs, nodes and networks, topology, and pure cost functions (SI units)."""

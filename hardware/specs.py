@@ -1,0 +1,145 @@
+"""Frozen hardware specifications: GPUs, nodes and inter-node networks.
+
+All quantities are SI: bytes, bytes/s, FLOP/s, seconds, watts, hertz. Catalog TOML files carry
+human units in their key names (``hbm_capacity_GB``); ``hardware.catalog`` converts them exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Mapping
+
+
+class Precision(StrEnum):
+    """Numeric formats a GPU may have a dense peak for."""
+
+    FP64 = "fp64"
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class Tier(StrEnum):
+    """Memory tiers a tensor can live in."""
+
+    HBM = "hbm"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+def frozen_mapping(values: Mapping[str, float]) -> Mapping[str, float]:
+    """A read-only copy of ``values`` (frozen dataclasses must not hold mutable dicts)."""
+    return MappingProxyType(dict(values))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EfficiencySpec:
+    """Achievable fractions of peak, measured on this GPU (or transferred from a sibling; see ``source``).
+
+    These are the analytic defaults of the cost model; a calibration profile overrides them.
+    """
+
+    gemm: float  # best-case dense GEMM FLOP/s / dense peak (max achievable matmul, MAMF)
+    attention: float  # fused-attention asymptotic FLOP/s / dense peak at large head_dim and sequence
+    memory: float  # achievable HBM bandwidth / spec (STREAM-like copy)
+    launch_overhead_s: float  # fixed cost per kernel launch
+    source: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One GPU model (one device as the framework counts devices: an MI250X GCD is one GPU)."""
+
+    name: str
+    vendor: str  # "nvidia" | "amd"
+    peak_flops_per_s: Mapping[str, float]  # dense (no sparsity) peak per Precision value
+    hbm_capacity_bytes: float
+    hbm_bandwidth_Bps: float
+    memory_type: str  # "HBM2e", "GDDR6", ...
+    sm_count: int  # SMs (NVIDIA) or CUs (AMD)
+    boost_clock_Hz: float
+    l2_cache_bytes: float
+    nvlink_bandwidth_Bps: float  # per direction, per GPU; 0.0 without NVLink / Infinity Fabric
+    pcie_generation: int
+    pcie_lanes: int
+    tdp_W: float
+    default_node: str
+    efficiency: EfficiencySpec
+    source: str
+    price_per_hour_usd: float | None = None
+    price_source: str | None = None  # where and when the price was published
+    notes: str = ""
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s at ``precision``; raises if the chip has no such format."""
+        try:
+            return self.peak_flops_per_s[precision]
+        except KeyError:
+            known = ", ".join(self.peak_flops_per_s)
+            raise KeyError(f"gpu {self.name} has no {precision} peak; known: {known}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NicSpec:
+    """A group of identical network adapters in a node."""
+
+    count: int
+    bandwidth_Bps: float  # per NIC, per direction
+    gpu_affinity: tuple[tuple[int, ...], ...]  # for each NIC, the local GPU indices it serves
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSpec:
+    """A server: GPUs, its intra-node fabric, NICs and host memory tiers."""
+
+    name: str
+    gpu: str  # GPU catalog name
+    gpus_per_node: int
+    intra_node_fabric: str  # "nvswitch" | "nvlink-bridge" | "infinity-fabric" | "pcie"
+    intra_node_bandwidth_Bps: float  # per GPU, per direction, to the other GPUs of the node
+    intra_node_latency_s: float
+    nvlink_domain_gpus: int  # GPUs that share one NVLink domain (72 for GB200 NVL72; 1 without NVLink)
+    nvls: bool  # NVLink SHARP (in-switch reduction) available
+    nics: NicSpec
+    cpu_dram_capacity_bytes: float
+    cpu_dram_bandwidth_Bps: float
+    host_to_device_Bps: float  # per GPU, achievable copy-engine bandwidth (PCIe or C2C)
+    device_to_host_Bps: float
+    nvme_capacity_bytes: float
+    nvme_read_Bps: float
+    nvme_write_Bps: float
+    gpudirect_storage: bool
+    default_network: str
+    source: str
+    notes: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkSpec:
+    """An inter-node fabric."""
+
+    name: str
+    topology: str  # "fat-tree" | "rail-optimized" | "rail-only" | "dragonfly" | "ethernet"
+    link_bandwidth_Bps: float  # per port, per direction
+    per_hop_latency_s: float  # switch + cable latency per hop
+    endpoint_latency_s: float  # NIC + software latency per message (injection)
+    oversubscription: float  # leaf down-link / up-link bandwidth ratio (1.0 = non-blocking)
+    nodes_per_leaf: int  # nodes under one leaf (or rail) switch group
+    efficiency: float  # achievable fraction of link bandwidth for large messages
+    source: str
+    notes: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareCatalog:
+    """All hardware entries, keyed by name."""
+
+    gpus: Mapping[str, GpuSpec] = field(default_factory=dict)
+    nodes: Mapping[str, NodeSpec] = field(default_factory=dict)
+    networks: Mapping[str, NetworkSpec] = field(default_factory=dict)

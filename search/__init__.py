@@ -1,0 +1,1 @@
+"""Search: training plan, serving fleet and offload placement (PuLP + HiGHS/CBC)."""

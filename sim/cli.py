@@ -1,0 +1,189 @@
+"""The ``llmsim`` command line (also ``python -m sim``).
+
+Exit codes: 0 ok; 1 validation threshold exceeded or no feasible plan; 2 bad input, reported as one
+``error: ...`` line on stderr. This module is the one place allowed to import ``search`` and
+``validation``, lazily, inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from hardware.errors import CatalogError
+from sim import __version__
+from sim.errors import ConfigError
+from workloads.errors import InvalidPlanError, ModelCatalogError
+
+# Errors that mean "bad input": one line, exit 2.
+INPUT_ERRORS = (ConfigError, CatalogError, ModelCatalogError, InvalidPlanError)
+
+
+class UsageError(Exception):
+    """argparse usage errors, re-raised so they follow the one-line error convention."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _add_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=("table", "json"), default="table", help="output format (default: table)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="llmsim", description="Performance simulator and planner for LLM training and serving.")
+    parser.add_argument("--version", action="version", version=f"llmsim {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    catalog = commands.add_parser("catalog", help="list or show hardware and model catalog entries")
+    catalog_kind = catalog.add_subparsers(dest="kind", required=True, parser_class=_Parser)
+    for kind in ("gpus", "nodes", "networks", "models"):
+        _add_format(catalog_kind.add_parser(kind, help=f"list the {kind}"))
+    show = catalog_kind.add_parser("show", help="one entry (GPU, node, network or model), all fields with units")
+    show.add_argument("name")
+    _add_format(show)
+
+    simulate = commands.add_parser("simulate", help="one training or serving run from a TOML config")
+    simulate.add_argument("config", help="TOML file with [model], [cluster] and [training] or [serving]")
+    simulate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (dotted), repeatable")
+    simulate.add_argument("--sweep", metavar="KEY=V1,V2,...", help="one run per value of KEY")
+    simulate.add_argument("--fidelity", choices=("analytic", "des"), default="des", help="analytic (closed form) or des (SimPy, default)")
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    simulate.add_argument("--out", metavar="DIR", help="write CSV results and run.json here")
+    simulate.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
+    simulate.add_argument("-v", "--verbose", action="store_true")
+    _add_format(simulate)
+
+    validate = commands.add_parser("validate", help="compare predictions with the bundled published results")
+    validate.add_argument("--suite", choices=("training", "serving", "all"), default="all")
+    validate.add_argument("--fidelity", choices=("analytic", "des"), default="des")
+    _add_format(validate)
+    return parser
+
+
+# ---- catalog --------------------------------------------------------------------------------------
+
+
+def _cmd_catalog(args: argparse.Namespace) -> int:
+    from sim import catalog_view
+
+    if args.kind == "show":
+        entry = catalog_view.find_entry(args.name)
+        if args.format == "json":
+            print(json.dumps(catalog_view.entry_json(entry)))
+        else:
+            print(catalog_view.entry_table(entry))
+        return 0
+    if args.format == "json":
+        print(json.dumps({args.kind: catalog_view.list_json(args.kind)}))
+    else:
+        print(catalog_view.list_table(args.kind))
+    return 0
+
+
+# ---- simulate -------------------------------------------------------------------------------------
+
+
+def _git_revision() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _write_run_json(out_dir: Path, config: dict[str, Any], seed: int, fidelity: str) -> None:
+    meta = {"config": config, "seed": seed, "fidelity": fidelity, "version": __version__, "git_revision": _git_revision()}
+    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+
+def _parse_sweep(text: str) -> tuple[str, list[str]]:
+    key, sep, values = text.partition("=")
+    items = [v.strip() for v in values.split(",") if v.strip()]
+    if not sep or not key.strip() or not items:
+        raise ConfigError(f"--sweep '{text}' must look like section.key=V1,V2,...")
+    return key.strip(), items
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from sim.config import load_config, with_overrides
+    from sim.runner import RunOptions, simulate
+
+    config = load_config(args.config, args.set)
+    options = RunOptions(fidelity=args.fidelity, seed=args.seed, trace=bool(args.trace), verbose=args.verbose)
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        from sim import sweep
+
+        key, values = _parse_sweep(args.sweep)
+        results = [(value, simulate(with_overrides(config, [f"{key}={value}"]), options)) for value in values]
+        frame = sweep.sweep_frame(key, results)
+        if args.format == "json":
+            print(json.dumps({"sweep": key, "runs": [{"value": v, "metrics": r.metrics()} for v, r in results]}))
+        else:
+            print(sweep.sweep_table(frame))
+        if out_dir is not None:
+            sweep.write_sweep(out_dir, key, frame, results[0][1].sweep_metrics())
+            _write_run_json(out_dir, config, args.seed, args.fidelity)
+        return 0
+    result = simulate(config, options)
+    if args.format == "json":
+        print(json.dumps(result.metrics()))
+    else:
+        print(result.table())
+    if out_dir is not None:
+        result.write_outputs(out_dir)
+        _write_run_json(out_dir, config, args.seed, args.fidelity)
+    if args.trace:
+        result.write_trace(Path(args.trace))
+    return 0
+
+
+# ---- validate -------------------------------------------------------------------------------------
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from validation.published import run_suites
+
+    report = run_suites(args.suite, fidelity=args.fidelity)
+    if args.format == "json":
+        print(json.dumps(report.to_json()))
+    else:
+        print(report.table())
+    return 0 if report.passed else 1
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "catalog": _cmd_catalog,
+    "simulate": _cmd_simulate,
+    "validate": _cmd_validate,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except INPUT_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

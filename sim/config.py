@@ -1,0 +1,129 @@
+"""Config files: TOML loading, ``--set`` overrides, and the sections every run shares
+(``[model]`` and ``[cluster]``). ``[training]``/``[parallel]`` and ``[serving]``/``[workload]``/``[slo]``
+are parsed by ``sim.training`` and ``sim.serving``.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+from hardware.catalog import get_gpu, get_network, get_node
+from hardware.errors import CatalogError
+from hardware.topology import Cluster, build_cluster
+from sim.errors import ConfigError
+from workloads.catalog import get_model, model_from_mapping
+from workloads.errors import ModelCatalogError
+from workloads.model import ModelSpec
+
+KNOWN_SECTIONS = ("model", "cluster", "training", "parallel", "serving", "workload", "slo", "search")
+
+
+def _parse_value(text: str) -> Any:
+    """A --set value as TOML would read it (int, float, bool, string, list); bare words are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(config: dict[str, Any], assignment: str) -> None:
+    """Apply one ``KEY=VALUE`` with a dotted KEY (``parallel.tp=4``) in place."""
+    key, sep, text = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set '{assignment}' must look like section.key=value")
+    parts = key.strip().split(".")
+    if parts[0] not in KNOWN_SECTIONS:
+        raise ConfigError(f"--set '{assignment}': unknown section '{parts[0]}'; known: {', '.join(KNOWN_SECTIONS)}")
+    table = config
+    for part in parts[:-1]:
+        table = table.setdefault(part, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"--set '{assignment}': '{part}' is not a table")
+    table[parts[-1]] = _parse_value(text.strip())
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read a TOML config and apply ``--set`` overrides; checks only the section names."""
+    file = Path(path)
+    try:
+        with file.open("rb") as f:
+            config = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file '{path}' not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file '{path}' is not valid TOML: {exc}") from None
+    return with_overrides(config, overrides or [])
+
+
+def with_overrides(config: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """A deep copy of ``config`` with each ``KEY=VALUE`` applied, then the section names checked."""
+    result = copy.deepcopy(dict(config))
+    for assignment in overrides:
+        apply_override(result, assignment)
+    unknown = sorted(set(result) - set(KNOWN_SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown config sections {unknown}; known: {', '.join(KNOWN_SECTIONS)}")
+    return result
+
+
+def section(config: Mapping[str, Any], name: str, required: bool = True) -> dict[str, Any]:
+    """The table ``[name]`` (empty if optional and absent)."""
+    if name not in config:
+        if required:
+            raise ConfigError(f"config has no [{name}] section")
+        return {}
+    table = config[name]
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table, got {table!r}")
+    return dict(table)
+
+
+def reject_unknown_keys(table: Mapping[str, Any], name: str, allowed: tuple[str, ...] | list[str]) -> None:
+    """Raise ConfigError naming the first key of ``[name]`` that is not in ``allowed``."""
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"[{name}] unknown key '{key}'; allowed: {', '.join(allowed)}")
+
+
+def resolve_model(config: Mapping[str, Any]) -> ModelSpec:
+    """``[model]``: a catalog ``name`` alone, or a full inline architecture (with a ``name``)."""
+    table = section(config, "model")
+    if "name" not in table:
+        raise ConfigError("[model] needs 'name' (a catalog model, or a name for an inline architecture)")
+    try:
+        if set(table) == {"name"}:
+            return get_model(str(table["name"]))
+        return model_from_mapping(table, "[model]")
+    except ModelCatalogError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration")
+
+
+def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = None) -> Cluster:
+    """``[cluster]``: GPU (catalog name), GPU count, and optionally node and network names."""
+    table = section(config, "cluster")
+    reject_unknown_keys(table, "cluster", CLUSTER_KEYS)
+    if "gpu" not in table:
+        raise ConfigError("[cluster] needs 'gpu' (a catalog GPU name; see `llmsim catalog gpus`)")
+    num_gpus = table.get("num_gpus", default_num_gpus)
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
+        raise ConfigError(f"[cluster] num_gpus = {num_gpus!r} must be a positive integer")
+    if "calibration" in table:
+        raise ConfigError(
+            f"[cluster] calibration = {table['calibration']!r}: calibration profiles are not supported yet; "
+            "remove the key to use the catalog efficiencies"
+        )
+    try:
+        gpu = get_gpu(str(table["gpu"]))
+        node = get_node(str(table.get("node", gpu.default_node)))
+        network = get_network(str(table.get("network", node.default_network)))
+    except CatalogError as exc:
+        raise ConfigError(f"[cluster] {exc}") from None
+    if node.gpu != gpu.name:
+        raise ConfigError(f"[cluster] node '{node.name}' holds {node.gpu}, not gpu '{gpu.name}'")
+    return build_cluster(gpu, node, network, num_gpus)

@@ -1,0 +1,1 @@
+"""Serving simulation: replicas, schedulers, paged KV cache, router, metrics."""

@@ -1,0 +1,1 @@
+"""Training simulation: plans, memory model, analytic and SimPy executors."""

@@ -1,0 +1,1 @@
+"""Validation: microbenchmarks, calibration fits and the published-results suite."""
