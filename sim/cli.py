@@ -17,10 +17,10 @@ from typing import Any, Callable, Sequence
 from hardware.errors import CatalogError
 from sim import __version__
 from sim.errors import ConfigError
-from workloads.errors import InvalidPlanError, ModelCatalogError
+from workloads.errors import InvalidPlanError, ModelCatalogError, WorkloadError
 
 # Errors that mean "bad input": one line, exit 2.
-INPUT_ERRORS = (ConfigError, CatalogError, ModelCatalogError, InvalidPlanError)
+INPUT_ERRORS = (ConfigError, CatalogError, ModelCatalogError, InvalidPlanError, WorkloadError)
 
 
 class UsageError(Exception):

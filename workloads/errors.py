@@ -9,3 +9,7 @@ class ModelCatalogError(ValueError):
 
 class InvalidPlanError(ValueError):
     """A parallel or serving plan breaks a divisibility or range rule; the message names rule and values."""
+
+
+class WorkloadError(ValueError):
+    """A request-stream description ([workload]) or a trace file is invalid."""

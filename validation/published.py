@@ -1,0 +1,140 @@
+"""The published-results suites: predicted vs published per row, summary errors, pass/fail.
+
+Each suite lives in its own module and returns a ``SuiteReport``; thresholds are declared next to
+the suite and the report fails when any is exceeded (a comparison that cannot fail is not a test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SUITES = ("training", "serving")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comparison:
+    """One predicted-vs-published number."""
+
+    suite: str
+    row: str  # a short label of the configuration
+    metric: str  # e.g. "iteration_time_s", "output_tokens_per_s_per_gpu"
+    published: float
+    predicted: float
+    citation: str
+
+    @property
+    def error(self) -> float:
+        """Signed relative error (predicted - published) / published."""
+        return (self.predicted - self.published) / self.published
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Threshold:
+    """A declared limit on a metric's errors: mean absolute percentage error and worst row."""
+
+    metric: str
+    max_mape: float
+    max_row_error: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuiteReport:
+    suite: str
+    comparisons: tuple[Comparison, ...]
+    thresholds: tuple[Threshold, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def rows(self, metric: str) -> list[Comparison]:
+        return [c for c in self.comparisons if c.metric == metric]
+
+    def mape(self, metric: str) -> float:
+        rows = self.rows(metric)
+        return sum(abs(c.error) for c in rows) / len(rows) if rows else 0.0
+
+    def worst(self, metric: str) -> float:
+        return max((abs(c.error) for c in self.rows(metric)), default=0.0)
+
+    def failures(self) -> list[str]:
+        out = []
+        for t in self.thresholds:
+            if self.mape(t.metric) > t.max_mape:
+                out.append(f"{self.suite}/{t.metric}: MAPE {self.mape(t.metric):.1%} > {t.max_mape:.0%}")
+            if self.worst(t.metric) > t.max_row_error:
+                out.append(f"{self.suite}/{t.metric}: worst row {self.worst(t.metric):.1%} > {t.max_row_error:.0%}")
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    suites: tuple[SuiteReport, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not any(s.failures() for s in self.suites)
+
+    def table(self) -> str:
+        lines = []
+        for s in self.suites:
+            lines.append(f"== {s.suite} ==")
+            lines.append(f"{'row':<44} {'metric':<30} {'published':>12} {'predicted':>12} {'error':>8}")
+            for c in s.comparisons:
+                lines.append(
+                    f"{c.row:<44} {c.metric:<30} {c.published:>12.4g} {c.predicted:>12.4g} {c.error:>+8.1%}"
+                )
+            for t in s.thresholds:
+                lines.append(
+                    f"summary {t.metric}: MAPE {s.mape(t.metric):.1%} (limit {t.max_mape:.0%}), "
+                    f"worst {s.worst(t.metric):.1%} (limit {t.max_row_error:.0%})"
+                )
+            lines.extend(f"note: {n}" for n in s.notes)
+        failures = [f for s in self.suites for f in s.failures()]
+        lines.append("PASS" if not failures else "FAIL: " + "; ".join(failures))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "suites": {
+                s.suite: {
+                    "rows": [
+                        {
+                            "row": c.row,
+                            "metric": c.metric,
+                            "published": c.published,
+                            "predicted": c.predicted,
+                            "error": c.error,
+                            "citation": c.citation,
+                        }
+                        for c in s.comparisons
+                    ],
+                    "summary": {
+                        t.metric: {
+                            "mape": s.mape(t.metric),
+                            "worst": s.worst(t.metric),
+                            "max_mape": t.max_mape,
+                            "max_row_error": t.max_row_error,
+                        }
+                        for t in s.thresholds
+                    },
+                    "failures": s.failures(),
+                }
+                for s in self.suites
+            },
+        }
+
+
+def run_suites(name: str, fidelity: str = "des") -> Report:
+    """Run ``name`` ("training", "serving" or "all")."""
+    names = SUITES if name == "all" else (name,)
+    reports = []
+    for suite in names:
+        if suite == "training":
+            from validation.training_suite import run_training_suite
+
+            reports.append(run_training_suite(fidelity=fidelity))
+        else:
+            from validation.serving_suite import run_serving_suite
+
+            reports.append(run_serving_suite())
+    return Report(suites=tuple(reports))

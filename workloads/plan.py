@@ -1,0 +1,118 @@
+"""Parallel training plans and training jobs (hardware-agnostic, validated on construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from workloads.errors import InvalidPlanError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+RECOMPUTE = ("none", "selective", "full")
+OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
+TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelPlan:
+    """Degrees along each device-mesh axis and the framework features used.
+
+    World size = tp * pp * cp * dp; expert parallelism ``ep`` splits the experts over ranks of the
+    data-parallel (x context-parallel) group, as Megatron-Core does, so it must divide dp * cp.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    zero: int = 0  # 0 | 1 (distributed optimizer) | 2 | 3 (FSDP full shard)
+    hsdp: bool = False  # with zero=3: shard inside a node, replicate across nodes
+    schedule: str = "1f1b"
+    virtual_stages: int = 1  # model chunks per GPU ("interleaved")
+    recompute: str = "none"
+    layers_per_stage: tuple[int, ...] = ()  # uneven split; empty = as even as possible
+    tp_comm_overlap: bool = False
+    offload: str = "none"
+
+    def __post_init__(self) -> None:
+        for axis in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
+            value = getattr(self, axis)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidPlanError(f"parallel.{axis} = {value!r} must be a positive integer")
+        if self.zero not in (0, 1, 2, 3):
+            raise InvalidPlanError(f"parallel.zero = {self.zero!r} must be 0, 1, 2 or 3")
+        for name, value, allowed in (
+            ("schedule", self.schedule, SCHEDULES),
+            ("recompute", self.recompute, RECOMPUTE),
+            ("offload", self.offload, OFFLOAD),
+        ):
+            if value not in allowed:
+                raise InvalidPlanError(f"parallel.{name} = '{value}' must be one of {', '.join(allowed)}")
+        if self.virtual_stages > 1 and self.schedule != "interleaved":
+            raise InvalidPlanError(
+                f"parallel.virtual_stages = {self.virtual_stages} needs schedule 'interleaved', not '{self.schedule}'"
+            )
+        if self.hsdp and self.zero != 3:
+            raise InvalidPlanError(f"parallel.hsdp = true needs zero = 3, not {self.zero}")
+        if (self.dp * self.cp) % self.ep:
+            raise InvalidPlanError(f"parallel.ep = {self.ep} must divide dp * cp = {self.dp * self.cp}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingJob:
+    """One training iteration's shape."""
+
+    seq_len: int
+    global_batch: int  # sequences per iteration
+    micro_batch: int
+    precision: str = "bf16"  # "bf16" | "fp16" | "fp8" (fp8 GEMMs, bf16 elsewhere)
+    optimizer: str = "adam"
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "global_batch", "micro_batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise InvalidPlanError(f"training.{name} = {value!r} must be a positive integer")
+        if self.precision not in TRAINING_PRECISIONS:
+            raise InvalidPlanError(
+                f"training.precision = '{self.precision}' must be one of {', '.join(TRAINING_PRECISIONS)}"
+            )
+        if self.optimizer not in ("adam", "sgd"):
+            raise InvalidPlanError(f"training.optimizer = '{self.optimizer}' must be 'adam' or 'sgd'")
+
+    def num_microbatches(self, dp: int) -> int:
+        """Micro-batches per pipeline per iteration, m = global_batch / (dp * micro_batch)."""
+        if self.global_batch % (dp * self.micro_batch):
+            raise InvalidPlanError(
+                f"training.global_batch {self.global_batch} must be divisible by dp {dp} x micro_batch {self.micro_batch}"
+            )
+        return self.global_batch // (dp * self.micro_batch)
+
+
+def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
+    """Transformer layers per model chunk, in pipeline order (pp * virtual_stages chunks).
+
+    Chunk c runs on stage c % pp (interleaved placement). Uses ``plan.layers_per_stage`` when
+    given (one entry per chunk), else splits as evenly as possible with the larger chunks first.
+    """
+    chunks = plan.pp * plan.virtual_stages
+    if plan.layers_per_stage:
+        counts = tuple(plan.layers_per_stage)
+        if len(counts) != chunks:
+            raise InvalidPlanError(
+                f"parallel.layers_per_stage has {len(counts)} entries; needs pp x virtual_stages = {chunks}"
+            )
+        if sum(counts) != num_layers or min(counts) < 0:
+            raise InvalidPlanError(
+                f"parallel.layers_per_stage {list(counts)} must be >= 0 and sum to the model's {num_layers} layers"
+            )
+        return counts
+    if num_layers < chunks:
+        raise InvalidPlanError(f"model has {num_layers} layers, fewer than pp x virtual_stages = {chunks} chunks")
+    base, extra = divmod(num_layers, chunks)
+    return tuple(base + (1 if c < extra else 0) for c in range(chunks))
