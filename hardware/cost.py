@@ -14,6 +14,11 @@ from typing import Sequence
 from hardware.specs import GpuSpec
 
 
+# FlashAttention-2 backward = 2.5x forward matmul FLOPs: recomputed QK^T plus dV, dP, dQ, dK
+# (five matmuls of the forward's size against two), so forward + backward = 3.5x forward.
+ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+
+
 def launch_overhead_s(gpu: GpuSpec) -> float:
     """Fixed host-side cost of launching one kernel."""
     return gpu.efficiency.launch_overhead_s
@@ -87,7 +92,7 @@ def attention_time_s(
     kv_tokens = sum(kv for _, kv in sequences)
     bytes_moved = (q_tokens * heads * (head_dim + v_dim) + kv_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
-        flops *= 2.5
+        flops *= ATTENTION_BACKWARD_FLOPS_RATIO
         bytes_moved *= 2.0
     compute_s = flops / (gpu.peak(precision) * gpu.efficiency.attention)
     memory_s = bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory)

@@ -1,0 +1,295 @@
+"""Op graphs of one transformer layer (and the embedding / LM-head ends) under a sharding.
+
+Hardware-agnostic: every op carries shapes, FLOPs-defining dimensions, bytes and message sizes,
+never seconds (``sim.costmodel`` prices them). The forward graph of a layer is built for the tokens
+one rank holds; the backward is derived op by op: a GEMM ``Y = X W`` (m x k times k x n) splits into
+an input-gradient GEMM (B: dX = dY W^T, m x n times n x k) and a weight-gradient GEMM
+(W: dW = X^T dY, k x m times m x n) as in the zero-bubble papers; attention, memory-bound ops and
+collectives go to B.
+
+Sharding follows Megatron-LM: column-parallel QKV / MLP-up and row-parallel output / MLP-down under
+tensor parallelism (tp), each followed by an all-reduce, or with sequence parallelism by an
+all-gather before and a reduce-scatter after; context parallelism (cp) splits the sequence and passes
+K/V blocks around a ring; expert parallelism (ep) dispatches tokens with all-to-alls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import networkx as nx
+
+from workloads.model import ModelSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One kernel (or one collective) on one rank.
+
+    kind "gemm": ``batch`` independent (m x k) @ (k x n) products; ``weight_bytes_per_element``
+    describes the k x n operand, ``bytes_per_element`` the activations.
+    kind "attention": a fused attention kernel over ``sequences`` of (query tokens, key tokens).
+    kind "memory": a memory-bound kernel moving ``bytes_moved``.
+    kind "collective": ``collective`` over the ``axis`` group, of ``message_bytes``.
+    """
+
+    name: str
+    kind: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    sequences: tuple[tuple[int, int], ...] = ()
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_head_dim: int = 0
+    causal: bool = True
+    backward: bool = False  # attention: the backward kernel
+    bytes_moved: float = 0.0
+    collective: str = ""
+    axis: str = ""
+    message_bytes: float = 0.0
+    bytes_per_element: float = 2.0
+    weight_bytes_per_element: float = 2.0
+    recompute: bool = False  # re-run of a forward op inside the backward pass
+
+    @property
+    def gemm_flops(self) -> float:
+        """Matmul FLOPs of a GEMM op (0 for other kinds; attention FLOPs come from hardware.cost)."""
+        return 2.0 * self.m * self.n * self.k * self.batch if self.kind == "gemm" else 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sharding:
+    """How one rank's share of a layer is cut."""
+
+    tp: int = 1
+    sequence_parallel: bool = False
+    cp: int = 1
+    ep: int = 1
+    expert_load_imbalance: float = 1.0  # busiest expert's tokens / mean (>= 1)
+
+
+def expected_active_experts(experts: int, top_k: int, routed_tokens: int) -> float:
+    """Expected distinct experts hit when ``routed_tokens`` tokens each pick ``top_k`` of ``experts``
+    uniformly: E (1 - (1 - k/E)^T)."""
+    if routed_tokens <= 0:
+        return 0.0
+    return experts * (1.0 - (1.0 - top_k / experts) ** routed_tokens)
+
+
+def _div(value: int, parts: int) -> int:
+    """Shard size (ceil): a dimension smaller than the parallel degree is replicated, not zero."""
+    return max(1, -(-value // parts))
+
+
+def layer_forward_ops(
+    model: ModelSpec,
+    *,
+    tokens: int,
+    sequences: Sequence[tuple[int, int]],
+    sharding: Sharding,
+    moe: bool,
+    bytes_per_element: float,
+    weight_bytes_per_element: float | None = None,
+    causal: bool = True,
+) -> list[Op]:
+    """Forward ops of one layer on one rank, in execution order.
+
+    ``tokens`` are the rank's tokens before any sequence-parallel split (b x s / cp in training,
+    the step's total tokens in serving); ``sequences`` are the attention (query, key) pairs of those
+    tokens. With a sliding window, callers pass key counts already capped (see ``ModelSpec.attention_span``).
+    """
+    h, tp = model.hidden, sharding.tp
+    a = bytes_per_element
+    w = a if weight_bytes_per_element is None else weight_bytes_per_element
+    sp = sharding.sequence_parallel and tp > 1
+    norm_tokens = _div(tokens, tp) if sp else tokens
+    act = tokens * h * a  # one full activation tensor of the layer input
+
+    def gemm(name: str, m: int, n: int, k: int, batch: int = 1) -> Op:
+        return Op(name=name, kind="gemm", m=m, n=n, k=k, batch=batch, bytes_per_element=a, weight_bytes_per_element=w)
+
+    def mem(name: str, nbytes: float) -> Op:
+        return Op(name=name, kind="memory", bytes_moved=nbytes)
+
+    def coll(name: str, collective: str, axis: str, nbytes: float) -> Op:
+        return Op(name=name, kind="collective", collective=collective, axis=axis, message_bytes=nbytes)
+
+    def enter_tp(name: str) -> list[Op]:
+        return [coll(f"{name}_all_gather", "all_gather", "tp", act)] if sp else []
+
+    def leave_tp(name: str) -> list[Op]:
+        if tp == 1:
+            return []
+        if sp:
+            return [coll(f"{name}_reduce_scatter", "reduce_scatter", "tp", act)]
+        return [coll(f"{name}_all_reduce", "all_reduce", "tp", act)]
+
+    ops: list[Op] = [mem("input_norm", 2 * norm_tokens * h * a)]
+    ops += enter_tp("attention")
+    heads = _div(model.heads, tp)
+    kv_heads = _div(model.kv_heads, tp)
+    if model.is_mla:
+        qk_dim = model.qk_nope_head_dim + model.qk_rope_head_dim
+        v_dim = model.v_head_dim
+        if model.q_lora_rank:
+            ops.append(gemm("q_down", tokens, model.q_lora_rank, h))
+            ops.append(gemm("q_up", tokens, heads * qk_dim, model.q_lora_rank))
+        else:
+            ops.append(gemm("q_proj", tokens, heads * qk_dim, h))
+        ops.append(gemm("kv_down", tokens, model.kv_lora_rank + model.qk_rope_head_dim, h))
+        ops.append(gemm("kv_up", tokens, heads * (model.qk_nope_head_dim + v_dim), model.kv_lora_rank))
+        kv_heads = heads  # MLA expands the latent into per-head K and V for training and prefill
+    else:
+        qk_dim = v_dim = model.head_dim
+        ops.append(gemm("qkv_proj", tokens, (heads + 2 * kv_heads) * qk_dim, h))
+    ops.append(mem("rope", 2 * tokens * (heads + kv_heads) * qk_dim * a))
+    if sharding.cp > 1:
+        # ring attention: cp - 1 steps, each passing this rank's K and V block to the next rank
+        kv_block = tokens * kv_heads * (qk_dim + v_dim) * a
+        ops.append(coll("cp_kv_ring", "send_recv", "cp", (sharding.cp - 1) * kv_block))
+    ops.append(
+        Op(
+            name="attention",
+            kind="attention",
+            sequences=tuple(sequences),
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=qk_dim,
+            v_head_dim=v_dim,
+            causal=causal,
+        )
+    )
+    ops.append(gemm("out_proj", tokens, h, heads * v_dim))
+    ops += leave_tp("attention")
+    ops.append(mem("residual_norm", 4 * norm_tokens * h * a))
+    ops += enter_tp("mlp")
+    gate = 2 if model.gated_mlp else 1
+    if moe:
+        ops += _moe_ops(model, tokens, sharding, gemm, mem, coll, a)
+    else:
+        f = _div(model.ffn_hidden, tp)
+        ops.append(gemm("mlp_up", tokens, gate * f, h))
+        ops.append(mem("mlp_activation", (gate + 1) * tokens * f * a))
+        ops.append(gemm("mlp_down", tokens, h, f))
+    ops += leave_tp("mlp")
+    ops.append(mem("residual", 3 * norm_tokens * h * a))
+    return ops
+
+
+def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll, a: float) -> list[Op]:  # type: ignore[no-untyped-def]
+    """Router, dispatch, grouped expert GEMMs, combine and shared experts of one MoE layer."""
+    h, tp, ep = model.hidden, sharding.tp, sharding.ep
+    gate = 2 if model.gated_mlp else 1
+    f = _div(model.expert_ffn_hidden, tp)
+    k, experts = model.experts_per_token, model.experts
+    ops = [gemm("router", tokens, experts, h), mem("router_topk", tokens * experts * 4.0)]
+    routed = tokens * k  # token-expert pairs leaving this rank
+    if ep > 1:
+        ops.append(coll("ep_dispatch", "all_to_all", "ep", routed * h * a))
+    local_experts = experts // ep
+    # tokens arriving at this rank's experts: all ep ranks' pairs spread over all experts
+    arriving = routed * ep * local_experts / experts
+    active = expected_active_experts(local_experts, min(k, local_experts), tokens * ep)
+    active_experts = max(1, round(active))
+    per_expert = max(1, round(arriving * sharding.expert_load_imbalance / active_experts))
+    ops.append(gemm("experts_up", per_expert, gate * f, h, batch=active_experts))
+    ops.append(mem("experts_activation", (gate + 1) * per_expert * active_experts * f * a))
+    ops.append(gemm("experts_down", per_expert, h, f, batch=active_experts))
+    if ep > 1:
+        ops.append(coll("ep_combine", "all_to_all", "ep", routed * h * a))
+    if model.shared_experts:
+        fs = model.shared_experts * f
+        ops.append(gemm("shared_up", tokens, gate * fs, h))
+        ops.append(mem("shared_activation", (gate + 1) * tokens * fs * a))
+        ops.append(gemm("shared_down", tokens, h, fs))
+    return ops
+
+
+def embedding_ops(model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float) -> list[Op]:
+    """Input embedding lookup (vocab-parallel under tp: a masked lookup plus an all-reduce)."""
+    ops = [Op(name="embedding", kind="memory", bytes_moved=2 * tokens * model.hidden * bytes_per_element)]
+    if sharding.tp > 1:
+        collective = "reduce_scatter" if sharding.sequence_parallel else "all_reduce"
+        ops.append(
+            Op(
+                name="embedding_" + collective,
+                kind="collective",
+                collective=collective,
+                axis="tp",
+                message_bytes=tokens * model.hidden * bytes_per_element,
+            )
+        )
+    return ops
+
+
+def lm_head_ops(
+    model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float, weight_bytes_per_element: float | None = None, loss: bool = True
+) -> list[Op]:
+    """Final norm, vocab-parallel LM head and (in training) the vocab-parallel cross-entropy."""
+    a = bytes_per_element
+    w = a if weight_bytes_per_element is None else weight_bytes_per_element
+    tp = sharding.tp
+    sp = sharding.sequence_parallel and tp > 1
+    ops: list[Op] = [Op(name="final_norm", kind="memory", bytes_moved=2 * (_div(tokens, tp) if sp else tokens) * model.hidden * a)]
+    if sp:
+        ops.append(Op(name="lm_head_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=tokens * model.hidden * a))
+    vocab = _div(model.vocab, tp)
+    ops.append(Op(name="lm_head", kind="gemm", m=tokens, n=vocab, k=model.hidden, bytes_per_element=a, weight_bytes_per_element=w))
+    if loss:
+        # fp32 softmax cross-entropy over the local vocab shard: read logits, write probabilities, read again
+        ops.append(Op(name="cross_entropy", kind="memory", bytes_moved=3 * tokens * vocab * 4.0))
+        if tp > 1:
+            # three fp32 all-reduces of one value per token: max, sum of exponentials, target logit
+            ops.append(Op(name="cross_entropy_all_reduce", kind="collective", collective="all_reduce", axis="tp", message_bytes=3 * tokens * 4.0))
+    return ops
+
+
+def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tuple[list[Op], list[Op]]:
+    """(B, W) ops of a forward op list, in backward order; ``recompute`` forward ops run first in B."""
+    b_ops: list[Op] = [replace(op, name=f"recompute_{op.name}", recompute=True) for op in recompute]
+    w_ops: list[Op] = []
+    for op in reversed(forward):
+        if op.kind == "gemm":
+            b_ops.append(replace(op, name=f"{op.name}_dgrad", m=op.m, n=op.k, k=op.n))
+            w_ops.append(replace(op, name=f"{op.name}_wgrad", m=op.k, n=op.n, k=op.m, bytes_per_element=op.bytes_per_element, weight_bytes_per_element=op.bytes_per_element))
+        elif op.kind == "attention":
+            b_ops.append(replace(op, name=f"{op.name}_backward", backward=True))
+        elif op.kind == "memory":
+            b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=2 * op.bytes_moved))
+        else:
+            b_ops.append(replace(op, name=f"{op.name}_backward", collective=_CONJUGATE[op.collective]))
+    return b_ops, w_ops
+
+
+# The backward of a collective (Megatron's f/g conjugate pairs): all-gather <-> reduce-scatter,
+# all-reduce stays all-reduce (input-gradient sum), all-to-all and ring passes repeat.
+_CONJUGATE = {
+    "all_gather": "reduce_scatter",
+    "reduce_scatter": "all_gather",
+    "all_reduce": "all_reduce",
+    "all_to_all": "all_to_all",
+    "send_recv": "send_recv",
+    "broadcast": "reduce_scatter",
+}
+
+
+def op_graph(ops: Sequence[Op]) -> nx.DiGraph:
+    """The ops as a dependency chain (networkx DiGraph, node = op name, attribute ``op``).
+
+    Kernels of one layer run in order on one stream, so the graph is a path; it is the structure
+    the trace and per-op CSV walk, and the place to add parallel branches.
+    """
+    graph = nx.DiGraph()
+    previous: str | None = None
+    for op in ops:
+        if op.name in graph:
+            raise ValueError(f"duplicate op name '{op.name}' in one graph")
+        graph.add_node(op.name, op=op)
+        if previous is not None:
+            graph.add_edge(previous, op.name)
+        previous = op.name
+    return graph
