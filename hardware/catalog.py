@@ -158,9 +158,19 @@ def _node(t: _Table) -> NodeSpec:
         default_network=t.take("default_network", str),
         source=t.take("source", str),
         notes=t.take("notes", str, default=""),
+        intra_node_efficiency=_fraction(t, "intra_node_efficiency"),
+        nvls_efficiency=_fraction(t, "nvls_efficiency"),
     )
     t.done()
     return spec
+
+
+def _fraction(t: _Table, key: str) -> float | None:
+    """An optional achievable fraction of a link's bandwidth; it must lie in (0, 1]."""
+    value = t.take(key, float, default=None)
+    if value is not None and not 0.0 < value <= 1.0:
+        raise CatalogError(f"{t._where}: '{key}' = {value} must be in (0, 1]")
+    return value
 
 
 def _network(t: _Table) -> NetworkSpec:

@@ -3,20 +3,66 @@
 Every function returns seconds for one kernel on one GPU. They are shared by the analytic model, the
 DES and the search, so those cannot disagree. No SimPy, no workloads, no wall clock.
 
-PROVISIONAL: plain roofline bodies; the efficiency model (tile/wave quantization, size curves,
-attention head-dim and sequence effects) replaces them while keeping these signatures.
+Model: time = max(work / (peak x eta_compute), bytes / (HBM bandwidth x eta_memory) + fill) + launch,
+where eta_compute is the GPU's best achievable fraction (``GpuSpec.efficiency``) times shape effects:
+tile and wave quantization and a k-loop ramp for GEMMs; head-dim, per-query-block overhead and causal
+diagonal waste for attention. The constants below are derived in their comments.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 from hardware.specs import GpuSpec
 
+# --- GEMM -------------------------------------------------------------------------------------------
+# Output tile of one thread block (CTA). 128x128 is the CUTLASS/cuBLAS default bf16 tile on Ampere and a
+# common Hopper tile (Hopper also uses 128x256; for the MAMF shapes both give the same wave fraction
+# within 0.1 %), so one tile shape serves every GPU until a calibration profile overrides it.
+GEMM_TILE_M = 128
+GEMM_TILE_N = 128
+# For a skinny dimension libraries switch to narrow tiles (cuBLAS swaps operands and uses small-N
+# kernels); 16 is the M of the mma.sync m16n8k16 tensor-core instruction, the narrowest useful tile.
+GEMM_MIN_TILE = 16
+# k-loop ramp k / (k + k0): a multistage (cp.async / TMA) pipeline loads stages - 1 k-blocks before the
+# first MMA and drains them after the last; with 3 stages of 32 that is 64 k-elements of fixed cost per
+# tile (plus the epilogue), so k0 = 64.
+GEMM_K_PROLOGUE = 64
+# Split-K (and stream-K) kernels fill idle SMs when the output has fewer tiles than SMs; each split
+# must keep a few k-blocks to amortize its prologue and fp32 partial-sum reduction, so k/split >= 256.
+GEMM_SPLIT_K_MIN_K = 256
 
-# FlashAttention-2 backward = 2.5x forward matmul FLOPs: recomputed QK^T plus dV, dP, dQ, dK
-# (five matmuls of the forward's size against two), so forward + backward = 3.5x forward.
-ATTENTION_BACKWARD_FLOPS_RATIO = 2.5
+# --- memory -----------------------------------------------------------------------------------------
+# DRAM pipeline fill + last-wave drain per memory-bound kernel, on top of the launch overhead. Derived
+# from te42kyfo/gpu-benches gpu-small-kernels (back-to-back SCALE kernels): time = a + V/b fitted on the
+# DRAM-resident sizes gives a = 5.1 us (A100 80GB, 84-392 MB) and 3.3 us (H200, 85-288 MB), while the
+# smallest (64 KB, cache-resident) kernels take 2.7 and 2.5 us; the difference is 2.4 and 0.8 us, mean
+# 1.6 us. (Little's law alone, DRAM latency ~570 cycles / 1.41 GHz = 0.4 us on A100 from
+# gpu-benches cuda-latency/a100_80.txt, is the lower bound of this term.)
+MEMORY_FILL_S = 1.6e-6
+
+# --- attention (FlashAttention-2 style fused kernel) -------------------------------------------------
+# Fitted to the FA2 fwd+bwd tables (A100, H100: hd 64/128, causal/non-causal, seq 512..16k; 47 points)
+# jointly with the H100 FA2 forward-only column of the FA3 chart (24 points), least squares on relative
+# error, then rounded (Dao-AILab/flash-attention assets flash2_{a100,h100}_fwd_bwd_benchmark.png,
+# flash3_fp16_fwd.png; reference/microbenchmarks.md C1). Fit: c_hd 19.5, s0 fwd 132, s0 bwd 226,
+# bwd/fwd rate 0.896.
+ATTENTION_HEAD_DIM_OVERHEAD = 20.0  # c_hd in eta_hd = hd / (hd + c_hd)
+# FA2 at hd256 (forward 326 TFLOP/s on H100) is no faster than hd64 (324): it must shrink its tiles to
+# fit shared memory, so the head-dim benefit stops at 128.
+ATTENTION_HEAD_DIM_SATURATION = 128
+ATTENTION_QUERY_OVERHEAD_KEYS_FWD = 130.0  # s0: per-query fixed cost (load Q, write O, final rescale) in keys
+ATTENTION_QUERY_OVERHEAD_KEYS_BWD = 225.0  # s0 of the backward (also loads dO, LSE; writes dQ partials)
+ATTENTION_BLOCK = 128  # query/key block: each causal query block computes a half-masked diagonal tile
+# Backward rate / forward rate: H100 FA2 fwd 370 (hd128) and 324 (hd64) TFLOP/s at 16k non-causal vs
+# fwd+bwd 338 and 296 give 3.5/338 = 1/370 + 2.5/B => B/F = 0.88 (both head dims); the joint fit: 0.89.
+ATTENTION_BWD_OVER_FWD_RATE = 0.89
+# efficiency.attention is the fwd+bwd asymptote (what the FA2 benchmark reports). With forward rate F
+# and backward 0.89 F, 3.5 / (1/F + 2.5/(0.89 F)) = fwd+bwd rate => F = rate x (1 + 2.5/0.89) / 3.5.
+ATTENTION_FWD_RATE_FACTOR = (1.0 + 2.5 / ATTENTION_BWD_OVER_FWD_RATE) / 3.5
+ATTENTION_BWD_RATE_FACTOR = ATTENTION_FWD_RATE_FACTOR * ATTENTION_BWD_OVER_FWD_RATE
+ATTENTION_BACKWARD_FLOP_RATIO = 2.5  # FA2 counting: backward = 2.5 x forward FLOPs (fwd+bwd = 3.5 x fwd)
 
 
 def launch_overhead_s(gpu: GpuSpec) -> float:
@@ -24,9 +70,61 @@ def launch_overhead_s(gpu: GpuSpec) -> float:
     return gpu.efficiency.launch_overhead_s
 
 
+def hbm_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
+    """Seconds for a kernel's HBM traffic alone (no launch): fill/drain plus streaming at the
+    achievable bandwidth ``efficiency.memory x hbm_bandwidth_Bps``. Zero bytes cost zero."""
+    if bytes_moved < 0:
+        raise ValueError(f"bytes_moved = {bytes_moved} must be >= 0")
+    if bytes_moved == 0:
+        return 0.0
+    return MEMORY_FILL_S + bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory)
+
+
 def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
-    """A memory-bound kernel (elementwise, norm, copy) that reads plus writes ``bytes_moved`` of HBM."""
-    return bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory) + launch_overhead_s(gpu)
+    """A memory-bound kernel (elementwise, norm, copy) that reads plus writes ``bytes_moved`` of HBM.
+
+    Small kernels are launch- and latency-bound (launch + fill); large ones approach STREAM bandwidth.
+    """
+    return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
+
+
+def _gemm_tile(dim: int) -> int:
+    """Tile extent a library picks for one output dimension: the default tile, or a narrower power of
+    two (>= GEMM_MIN_TILE) when the dimension is smaller than the default tile."""
+    if dim >= GEMM_TILE_M:
+        return GEMM_TILE_M
+    return max(GEMM_MIN_TILE, 1 << max(0, math.ceil(math.log2(dim))))
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} = {value!r} must be an integer >= 1")
+
+
+def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1) -> float:
+    """Achieved fraction of dense peak for ``batch`` (m x k) @ (k x n) GEMMs, compute side only.
+
+    efficiency.gemm x tile quantization x best over split-K factors s of (wave quantization x k ramp):
+    - tile: useful m n / padded (ceil(m/T_m) T_m)(ceil(n/T_n) T_n);
+    - wave: work units u = tiles x s; u / (ceil(u / SMs) x SMs);
+    - ramp: (k/s) / (k/s + GEMM_K_PROLOGUE).
+    Taking the best s (as a library heuristic does) keeps the result non-decreasing in k.
+    """
+    for name, value in (("m", m), ("n", n), ("k", k), ("batch", batch)):
+        _check_positive_int(name, value)
+    tile_m, tile_n = _gemm_tile(m), _gemm_tile(n)
+    tiles_m, tiles_n = -(-m // tile_m), -(-n // tile_n)
+    tile_fraction = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
+    tiles = tiles_m * tiles_n * batch
+    sms = gpu.sm_count
+    max_split = max(1, min(sms // tiles, k // GEMM_SPLIT_K_MIN_K))
+    best = 0.0
+    for split in range(1, max_split + 1):
+        units = tiles * split
+        wave = units / (-(-units // sms) * sms)
+        k_per_split = k / split
+        best = max(best, wave * k_per_split / (k_per_split + GEMM_K_PROLOGUE))
+    return gpu.efficiency.gemm * tile_fraction * best
 
 
 def gemm_time_s(
@@ -40,12 +138,19 @@ def gemm_time_s(
     batch: int = 1,
 ) -> float:
     """``batch`` independent (m x k) @ (k x n) matmuls at ``precision``; operands and output of
-    ``bytes_per_element`` each."""
+    ``bytes_per_element`` each. max(compute at ``gemm_efficiency``, minimal HBM traffic) + launch."""
+    if bytes_per_element <= 0:
+        raise ValueError(f"bytes_per_element = {bytes_per_element} must be > 0")
     flops = 2.0 * m * n * k * batch
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element * batch
-    compute_s = flops / (gpu.peak(precision) * gpu.efficiency.gemm)
-    memory_s = bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory)
-    return max(compute_s, memory_s) + launch_overhead_s(gpu)
+    compute_s = flops / (gpu.peak(precision) * gemm_efficiency(gpu, m, n, k, batch=batch))
+    return max(compute_s, hbm_time_s(gpu, bytes_moved)) + launch_overhead_s(gpu)
+
+
+def _check_sequences(sequences: Sequence[tuple[int, int]]) -> None:
+    for q, kv in sequences:
+        if q < 0 or kv < q:
+            raise ValueError(f"sequence (queries={q}, keys={kv}) needs 0 <= queries <= keys")
 
 
 def attention_flops(
@@ -55,7 +160,9 @@ def attention_flops(
 
     A sequence's queries are its last ``q`` positions among ``kv`` keys. Causal masking skips the
     keys after each query, so query i (0-based among the new ones) sees ``kv - q + i + 1`` keys.
+    Per-sequence sums: a varlen batch costs exactly the sum of its sequences.
     """
+    _check_sequences(sequences)
     v_dim = head_dim if v_head_dim is None else v_head_dim
     keys_seen = 0.0
     for q, kv in sequences:
@@ -64,6 +171,14 @@ def attention_flops(
         else:
             keys_seen += float(q) * kv
     return 2.0 * heads * (head_dim + v_dim) * keys_seen
+
+
+def attention_asymptote_flops_per_s(gpu: GpuSpec, *, head_dim: int, precision: str, v_head_dim: int | None = None) -> float:
+    """Long-sequence fwd+bwd FLOP/s of the GPU's fused attention kernel at this head dim:
+    peak x efficiency.attention x hd / (hd + c_hd), hd = mean of QK and V head dims capped at 128."""
+    v_dim = head_dim if v_head_dim is None else v_head_dim
+    hd = min((head_dim + v_dim) / 2.0, float(ATTENTION_HEAD_DIM_SATURATION))
+    return gpu.peak(precision) * gpu.efficiency.attention * hd / (hd + ATTENTION_HEAD_DIM_OVERHEAD)
 
 
 def attention_time_s(
@@ -82,18 +197,46 @@ def attention_time_s(
     """One fused (FlashAttention-style) kernel over a varlen batch of ``sequences``.
 
     Each entry is (new query tokens, total key tokens including the new ones): prefill is (s, s),
-    a prefill chunk with cached prefix is (chunk, prefix + chunk), decode is (1, context). The
-    backward pass costs 2.5x the forward FLOPs (FlashAttention-2's count: recompute of the scores
-    plus four gradient matmuls). Bytes: Q, O read/written once; K, V read once per sequence.
+    a prefill chunk with cached prefix is (chunk, prefix + chunk), decode is (1, context).
+
+    Compute: work in "keys processed" summed over sequences (never averaged):
+      useful keys (as ``attention_flops``) + causal diagonal waste q x min(q, 128)/2 (half of each
+      query block's diagonal tile is masked but computed) + q x s0 (per-query fixed cost: loading Q,
+      writing O, the final rescale; the matmul work per key scales with head_dim, this does not, so it
+      is counted in keys: s0 = 130 fwd, 225 bwd),
+    at rate peak x efficiency.attention x hd/(hd + 20) x (1.088 fwd | 0.969 bwd). efficiency.attention is
+    the GPU's FA2 fwd+bwd asymptote at large head dim; the factors split it into forward and backward
+    rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
+    Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     """
+    if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
+    if head_dim < 1:
+        raise ValueError(f"head_dim = {head_dim} must be >= 1")
     v_dim = head_dim if v_head_dim is None else v_head_dim
-    flops = attention_flops(sequences, heads=heads, head_dim=head_dim, causal=causal, v_head_dim=v_dim)
-    q_tokens = sum(q for q, _ in sequences)
-    kv_tokens = sum(kv for _, kv in sequences)
+    _check_sequences(sequences)
+    computed_keys = 0.0
+    q_tokens = 0
+    kv_tokens = 0
+    for q, kv in sequences:
+        q_tokens += q
+        kv_tokens += kv
+        if causal:
+            computed_keys += q * (kv - q) + q * (q + 1) / 2.0 + q * min(q, ATTENTION_BLOCK) / 2.0
+        else:
+            computed_keys += float(q) * kv
+    if backward:
+        overhead_keys = ATTENTION_QUERY_OVERHEAD_KEYS_BWD
+        rate_factor = ATTENTION_BWD_RATE_FACTOR
+        flop_ratio = ATTENTION_BACKWARD_FLOP_RATIO
+    else:
+        overhead_keys = ATTENTION_QUERY_OVERHEAD_KEYS_FWD
+        rate_factor = ATTENTION_FWD_RATE_FACTOR
+        flop_ratio = 1.0
+    work_flops = flop_ratio * 2.0 * heads * (head_dim + v_dim) * (computed_keys + q_tokens * overhead_keys)
+    rate = attention_asymptote_flops_per_s(gpu, head_dim=head_dim, precision=precision, v_head_dim=v_dim) * rate_factor
+    compute_s = work_flops / rate
     bytes_moved = (q_tokens * heads * (head_dim + v_dim) + kv_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
-        flops *= ATTENTION_BACKWARD_FLOPS_RATIO
         bytes_moved *= 2.0
-    compute_s = flops / (gpu.peak(precision) * gpu.efficiency.attention)
-    memory_s = bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory)
-    return max(compute_s, memory_s) + launch_overhead_s(gpu)
+    return max(compute_s, hbm_time_s(gpu, bytes_moved)) + launch_overhead_s(gpu)

@@ -118,6 +118,11 @@ class NodeSpec:
     default_network: str
     source: str
     notes: str = ""
+    # Achievable all-reduce bus bandwidth / intra_node_bandwidth_Bps at large messages (ring); None:
+    # the per-fabric default in ``hardware.topology.intra_node_efficiency``.
+    intra_node_efficiency: float | None = None
+    # NVLS all-reduce algorithm bandwidth / intra_node_bandwidth_Bps at large messages; None: default.
+    nvls_efficiency: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

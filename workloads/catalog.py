@@ -25,11 +25,16 @@ def model_from_mapping(data: Mapping[str, Any], where: str) -> ModelSpec:
     values: dict[str, Any] = {}
     for key, value in data.items():
         expected = str(_FIELDS[key].type)
-        if "int" in expected and "float" not in expected and not isinstance(value, int):
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if "int" in expected and "float" not in expected and not is_int:
             raise ModelCatalogError(f"{where}: '{key}' = {value!r} must be an integer")
-        if expected == "bool" and not isinstance(value, bool):
+        if "bool" in expected and not isinstance(value, bool):
             raise ModelCatalogError(f"{where}: '{key}' = {value!r} must be true or false")
-        if "float" in expected and isinstance(value, int) and not isinstance(value, bool):
+        if expected == "str" and not isinstance(value, str):
+            raise ModelCatalogError(f"{where}: '{key}' = {value!r} must be a string")
+        if "float" in expected:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ModelCatalogError(f"{where}: '{key}' = {value!r} must be a number")
             value = float(value)
         values[key] = value
     try:

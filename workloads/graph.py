@@ -54,6 +54,7 @@ class Op:
     bytes_per_element: float = 2.0
     weight_bytes_per_element: float = 2.0
     recompute: bool = False  # re-run of a forward op inside the backward pass
+    weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
 
     @property
     def gemm_flops(self) -> float:
@@ -95,6 +96,7 @@ def layer_forward_ops(
     bytes_per_element: float,
     weight_bytes_per_element: float | None = None,
     causal: bool = True,
+    fused_attention: bool = True,
 ) -> list[Op]:
     """Forward ops of one layer on one rank, in execution order.
 
@@ -146,23 +148,27 @@ def layer_forward_ops(
     else:
         qk_dim = v_dim = model.head_dim
         ops.append(gemm("qkv_proj", tokens, (heads + 2 * kv_heads) * qk_dim, h))
-    ops.append(mem("rope", 2 * tokens * (heads + kv_heads) * qk_dim * a))
+    if model.position == "rope":
+        ops.append(mem("rope", 2 * tokens * (heads + kv_heads) * qk_dim * a))
     if sharding.cp > 1:
         # ring attention: cp - 1 steps, each passing this rank's K and V block to the next rank
         kv_block = tokens * kv_heads * (qk_dim + v_dim) * a
         ops.append(coll("cp_kv_ring", "send_recv", "cp", (sharding.cp - 1) * kv_block))
-    ops.append(
-        Op(
-            name="attention",
-            kind="attention",
-            sequences=tuple(sequences),
-            heads=heads,
-            kv_heads=kv_heads,
-            head_dim=qk_dim,
-            v_head_dim=v_dim,
-            causal=causal,
+    if fused_attention:
+        ops.append(
+            Op(
+                name="attention",
+                kind="attention",
+                sequences=tuple(sequences),
+                heads=heads,
+                kv_heads=kv_heads,
+                head_dim=qk_dim,
+                v_head_dim=v_dim,
+                causal=causal,
+            )
         )
-    )
+    else:
+        ops += unfused_attention_ops(sequences, heads=heads, qk_dim=qk_dim, v_dim=v_dim, bytes_per_element=a)
     ops.append(gemm("out_proj", tokens, h, heads * v_dim))
     ops += leave_tp("attention")
     ops.append(mem("residual_norm", 4 * norm_tokens * h * a))
@@ -177,6 +183,32 @@ def layer_forward_ops(
         ops.append(gemm("mlp_down", tokens, h, f))
     ops += leave_tp("mlp")
     ops.append(mem("residual", 3 * norm_tokens * h * a))
+    return ops
+
+
+# Bytes per attention-score element in Megatron's unfused path (fused scale-mask-softmax, then
+# dropout): read scores and write probabilities (2 + 2 at 16 bits), dropout reads probabilities and
+# writes the result (2 + 2) plus a 1-byte mask; Korthikanti et al. 2022 count the same tensors
+# (2 + 2 + 1 = 5 bytes stored per element, the "5as/h" term).
+UNFUSED_SOFTMAX_BYTES_PER_SCORE = 9.0
+
+
+def unfused_attention_ops(
+    sequences: Sequence[tuple[int, int]], *, heads: int, qk_dim: int, v_dim: int, bytes_per_element: float
+) -> list[Op]:
+    """Attention with the score matrix materialised (pre-FlashAttention Megatron): batched QK^T,
+    softmax + dropout over every score, batched AV. Sequences of equal shape batch together; the
+    full (non-causal) score matrix is computed and masked, as those kernels did."""
+    shapes: dict[tuple[int, int], int] = {}
+    for q, kv in sequences:
+        shapes[(q, kv)] = shapes.get((q, kv), 0) + 1
+    ops: list[Op] = []
+    for index, ((q, kv), count) in enumerate(sorted(shapes.items())):
+        suffix = "" if len(shapes) == 1 else f"_{index}"
+        batch = count * heads
+        ops.append(Op(name=f"attention_scores{suffix}", kind="gemm", m=q, n=kv, k=qk_dim, batch=batch, weight=False, bytes_per_element=bytes_per_element, weight_bytes_per_element=bytes_per_element))
+        ops.append(Op(name=f"attention_softmax{suffix}", kind="memory", bytes_moved=UNFUSED_SOFTMAX_BYTES_PER_SCORE * batch * q * kv))
+        ops.append(Op(name=f"attention_values{suffix}", kind="gemm", m=q, n=v_dim, k=kv, batch=batch, weight=False, bytes_per_element=bytes_per_element, weight_bytes_per_element=bytes_per_element))
     return ops
 
 
@@ -255,7 +287,9 @@ def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tupl
     for op in reversed(forward):
         if op.kind == "gemm":
             b_ops.append(replace(op, name=f"{op.name}_dgrad", m=op.m, n=op.k, k=op.n))
-            w_ops.append(replace(op, name=f"{op.name}_wgrad", m=op.k, n=op.n, k=op.m, bytes_per_element=op.bytes_per_element, weight_bytes_per_element=op.bytes_per_element))
+            # dW = X^T dY multiplies two activations; without a weight it is the other input's gradient
+            grad = replace(op, name=f"{op.name}_wgrad", m=op.k, n=op.n, k=op.m, weight_bytes_per_element=op.bytes_per_element)
+            (w_ops if op.weight else b_ops).append(grad)
         elif op.kind == "attention":
             b_ops.append(replace(op, name=f"{op.name}_backward", backward=True))
         elif op.kind == "memory":

@@ -1,8 +1,10 @@
 """``ModelSpec``: a transformer architecture and the quantities derived from it.
 
-One dataclass covers dense MHA/GQA/MQA models, SwiGLU/GeLU/squared-ReLU MLPs, mixture-of-experts
+One dataclass covers dense MHA/GQA/MQA models, SwiGLU/GeLU/ReLU/squared-ReLU MLPs, mixture-of-experts
 (routed top-k experts, shared experts, leading dense layers), multi-head latent attention (MLA,
-DeepSeek) and sliding-window attention. Variants are catalog rows, not subclasses.
+DeepSeek) and sliding-window attention, plus the small structural variants that change parameter
+counts (per-projection biases, parallel blocks, an embedding norm, OPT's position offset).
+Variants are catalog rows, not subclasses.
 """
 
 from __future__ import annotations
@@ -32,8 +34,17 @@ class ModelSpec:
     norm: str = "layernorm"  # "layernorm" (weight + bias) | "rmsnorm" (weight)
     position: str = "rope"  # "learned" adds max_seq_len x hidden parameters
     bias: bool = False  # biases on QKV, output and MLP projections
+    # Finer bias switches for models that bias only some projections. ``None`` follows ``bias``.
+    attention_bias: bool | None = None  # biases on Q, K, V and the output projection
+    mlp_bias: bool | None = None  # biases on the MLP (and expert) projections (GPT-J: MLP only)
+    qkv_bias: bool = False  # biases on Q, K, V only, output unbiased (Qwen2/2.5)
+    lm_head_bias: bool = False  # a bias on the output head (GPT-J: vocab extra parameters)
     tied_embeddings: bool = False
     parallel_block: bool = False  # attention and MLP read the same input (GPT-J, Falcon)
+    norms_per_layer: int = 0  # 0 = 1 for a parallel block, else 2 (Falcon-40B/180B: 2 in parallel)
+    embedding_norm: bool = False  # a norm right after the token embedding (BLOOM word_embeddings_layernorm)
+    position_offset: int = 0  # extra rows of the learned position table (OPT reserves 2)
+    rotary_dim: int | None = None  # rotary width per head when partial (GPT-J 64 of 256); None = whole head
     head_dim: int = 0  # 0 = hidden // heads
     sliding_window: int | None = None  # attention span in tokens, None = full causal
     # mixture of experts (experts == 0: dense)
@@ -49,6 +60,9 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     published_parameters: float | None = None  # as announced by the authors, for the catalog test
+    # Rounding step of the announced figure when it is coarse (Narayanan Table 1 prints "1.7" B, so
+    # 0.1e9): the catalog test accepts half a step when that is wider than its 1 % tolerance.
+    published_parameters_rounding: float | None = None
     source: str = ""
     notes: str = ""
 
@@ -60,6 +74,12 @@ class ModelSpec:
                     "(or give head_dim explicitly)"
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.attention_bias is None:
+            object.__setattr__(self, "attention_bias", self.bias)
+        if self.mlp_bias is None:
+            object.__setattr__(self, "mlp_bias", self.bias)
+        if self.norms_per_layer == 0:
+            object.__setattr__(self, "norms_per_layer", 1 if self.parallel_block else 2)
         self.validate()
 
     # ---- structure ---------------------------------------------------------------------------
@@ -92,6 +112,21 @@ class ModelSpec:
             raise ModelCatalogError(f"{where}: MLA needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim > 0")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ModelCatalogError(f"{where}: sliding_window {self.sliding_window} must be > 0")
+        if self.norms_per_layer not in (1, 2):
+            raise ModelCatalogError(f"{where}: norms_per_layer {self.norms_per_layer} must be 1 or 2 (0 = derive)")
+        if self.position_offset < 0 or (self.position_offset and self.position != "learned"):
+            raise ModelCatalogError(
+                f"{where}: position_offset {self.position_offset} must be >= 0 and needs position = 'learned'"
+            )
+        if self.rotary_dim is not None:
+            if self.position != "rope":
+                raise ModelCatalogError(f"{where}: rotary_dim needs position = 'rope', not '{self.position}'")
+            if not 0 < self.rotary_dim <= self.head_dim:
+                raise ModelCatalogError(
+                    f"{where}: rotary_dim {self.rotary_dim} must be in 1..head_dim ({self.head_dim})"
+                )
+        if self.is_mla and (self.attention_bias or self.qkv_bias):
+            raise ModelCatalogError(f"{where}: attention biases are not modelled for MLA (attention_bias/qkv_bias)")
 
     @property
     def is_moe(self) -> bool:
@@ -110,31 +145,47 @@ class ModelSpec:
         return self.activation == "swiglu"
 
     # ---- parameters ------------------------------------------------------------------------------
-    def attention_parameters(self) -> int:
-        """Weights (and biases) of one attention block: projections only, no norms."""
+    def attention_weight_parameters(self) -> int:
+        """Projection weights of one attention block (matmul operands only)."""
         h = self.hidden
         if self.is_mla:
             qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
             if self.q_lora_rank:
-                q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * qk_head
+                q = h * self.q_lora_rank + self.q_lora_rank * self.heads * qk_head
             else:
                 q = h * self.heads * qk_head
-            kv_down = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+            kv_down = h * (self.kv_lora_rank + self.qk_rope_head_dim)
             kv_up = self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
             out = self.heads * self.v_head_dim * h
             return q + kv_down + kv_up + out
         q_width = self.heads * self.head_dim
         kv_width = self.kv_heads * self.head_dim
-        weights = h * (q_width + 2 * kv_width) + q_width * h
-        biases = (q_width + 2 * kv_width + h) if self.bias else 0
+        return h * (q_width + 2 * kv_width) + q_width * h
+
+    def attention_parameters(self) -> int:
+        """Weights, biases and (MLA) latent norms of one attention block; no layer norms."""
+        weights = self.attention_weight_parameters()
+        if self.is_mla:
+            # RMSNorm on the query and KV latents (DeepSeek-V3 q_a_layernorm, kv_a_layernorm)
+            return weights + (self.q_lora_rank if self.q_lora_rank else 0) + self.kv_lora_rank
+        qkv_width = (self.heads + 2 * self.kv_heads) * self.head_dim
+        if self.attention_bias:
+            biases = qkv_width + self.hidden
+        elif self.qkv_bias:
+            biases = qkv_width
+        else:
+            biases = 0
         return weights + biases
+
+    def mlp_weight_parameters(self, ffn_hidden: int) -> int:
+        """Weights of one MLP of width ``ffn_hidden`` (3 matrices when gated)."""
+        return (3 if self.gated_mlp else 2) * self.hidden * ffn_hidden
 
     def mlp_parameters(self, ffn_hidden: int) -> int:
         """Weights (and biases) of one MLP of width ``ffn_hidden``."""
         matrices = 3 if self.gated_mlp else 2
-        weights = matrices * self.hidden * ffn_hidden
-        biases = ((matrices - 1) * ffn_hidden + self.hidden) if self.bias else 0
-        return weights + biases
+        biases = ((matrices - 1) * ffn_hidden + self.hidden) if self.mlp_bias else 0
+        return self.mlp_weight_parameters(ffn_hidden) + biases
 
     def norm_parameters(self) -> int:
         """One normalization layer."""
@@ -149,15 +200,15 @@ class ModelSpec:
     def layer_parameters(self, moe: bool, active: bool = False) -> int:
         """One transformer layer: attention, MLP (dense or MoE) and its norms."""
         mlp = self.moe_block_parameters(active) if moe else self.mlp_parameters(self.ffn_hidden)
-        norms = (1 if self.parallel_block else 2) * self.norm_parameters()
-        return self.attention_parameters() + mlp + norms
+        return self.attention_parameters() + mlp + self.norms_per_layer * self.norm_parameters()
 
     def embedding_parameters(self) -> int:
-        """Input embedding, learned positions, output head (if untied) and the final norm."""
+        """Input embedding (+ its norm), learned positions, output head (if untied) and the final norm."""
         table = self.vocab * self.hidden
-        positions = self.max_seq_len * self.hidden if self.position == "learned" else 0
-        head = 0 if self.tied_embeddings else table
-        return table + positions + head + self.norm_parameters()
+        positions = (self.max_seq_len + self.position_offset) * self.hidden if self.position == "learned" else 0
+        head = (0 if self.tied_embeddings else table) + (self.vocab if self.lm_head_bias else 0)
+        embedding_norm = self.norm_parameters() if self.embedding_norm else 0
+        return table + embedding_norm + positions + head + self.norm_parameters()
 
     def _total(self, active: bool) -> int:
         dense = self.layers - self.moe_layers
@@ -172,27 +223,25 @@ class ModelSpec:
         return self._total(active=False)
 
     def active_parameters(self) -> int:
-        """Parameters one token touches: top-k routed plus shared experts (== total for dense)."""
+        """Parameters one token touches: top-k routed plus shared experts (== total for dense).
+
+        The input embedding table counts in full, as in the dense total (DeepSeek-V3's 37B does too;
+        its weights README's 36.6B leaves out the 0.9B input embedding).
+        """
         return self._total(active=True)
 
     # ---- FLOPs and KV cache --------------------------------------------------------------------------
     def matmul_parameters_per_token(self) -> int:
-        """Weights multiplied per token in the forward pass: active projections and the LM head.
+        """Weights multiplied per token in the forward pass: active projections, routers and the LM head.
 
-        Biases and norms are excluded (they are not matmuls); the LM head counts even when tied.
+        Biases, norms and position tables are excluded (they are not matmuls); the LM head counts
+        even when tied.
         """
-        attention = self.attention_parameters() - (
-            (self.heads * self.head_dim + 2 * self.kv_heads * self.head_dim + self.hidden)
-            if self.bias and not self.is_mla
-            else 0
-        )
-        def mlp_weights(width: int) -> int:
-            return (3 if self.gated_mlp else 2) * self.hidden * width
-
-        dense_mlp = mlp_weights(self.ffn_hidden)
-        moe_mlp = self.hidden * self.experts + (self.experts_per_token + self.shared_experts) * mlp_weights(
-            self.expert_ffn_hidden
-        )
+        attention = self.attention_weight_parameters()
+        dense_mlp = self.mlp_weight_parameters(self.ffn_hidden)
+        moe_mlp = self.hidden * self.experts + (
+            self.experts_per_token + self.shared_experts
+        ) * self.mlp_weight_parameters(self.expert_ffn_hidden)
         dense = self.layers - self.moe_layers
         per_layer = dense * (attention + dense_mlp) + self.moe_layers * (attention + moe_mlp)
         return per_layer + self.vocab * self.hidden

@@ -1,0 +1,98 @@
+"""Memory of one serving replica (per GPU): weights, activation workspace, communication buffers and
+the KV cache that fills what ``gpu_memory_utilization`` leaves; the KV capacity in blocks follows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hardware.units import MB
+from sim.serving.stepcost import ReplicaShape
+from workloads.precision import bytes_per_element
+
+# NCCL buffers a TP group holds per GPU: 342-392 MB for TP 2-8 in aiconfigurator's system files
+# (../shared/reference/formulas.md, Serving / Memory); the larger value is used for any TP > 1.
+NCCL_BUFFER_BYTES = 392 * MB
+# fp32 logits of the sampled positions (vLLM's sampler upcasts logits to float32).
+LOGIT_BYTES = 4.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaMemory:
+    """Per-GPU bytes of a replica and the KV capacity they leave."""
+
+    budget_bytes: float  # hbm x gpu_memory_utilization
+    weights_bytes: float
+    workspace_bytes: float
+    comm_bytes: float
+    kv_bytes: float  # left for the KV cache (may be negative: does not fit)
+    kv_bytes_per_token: float  # per GPU
+    block_size: int
+    num_blocks: int
+
+    @property
+    def fits(self) -> bool:
+        return self.num_blocks > 0
+
+    @property
+    def shortfall_bytes(self) -> float:
+        """Bytes missing for even one KV block (0 when it fits)."""
+        return max(0.0, self.block_size * self.kv_bytes_per_token - self.kv_bytes)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def kv_bytes_per_token_per_gpu(shape: ReplicaShape) -> float:
+    """KV bytes one token costs on one GPU: layers split by pp; KV heads split by tp (a head cannot
+    be split: with more ranks than KV heads each rank keeps one); MLA's latent is replicated."""
+    model = shape.model
+    total = model.kv_cache_bytes_per_token(bytes_per_element(shape.kv_precision))
+    layers_share = math.ceil(model.layers / shape.pp) / model.layers
+    if model.is_mla:
+        head_share = 1.0
+    else:
+        head_share = math.ceil(model.kv_heads / shape.tp) / model.kv_heads
+    return total * layers_share * head_share
+
+
+def weights_bytes_per_gpu(shape: ReplicaShape) -> float:
+    """Weights on one GPU: every parameter split over tp x pp (vocab-parallel embeddings included)."""
+    return shape.model.total_parameters() * bytes_per_element(shape.weight_precision) / (shape.tp * shape.pp)
+
+
+def workspace_bytes_per_gpu(shape: ReplicaShape, max_batched_tokens: int, max_num_seqs: int) -> float:
+    """Peak activation memory of the largest step (vLLM profiles exactly this with a dummy batch of
+    ``max_batched_tokens``): the layer input and residual (2 h), the QKV output, and the MLP
+    intermediate (gate and up, then the activated product) of the rank, in activation precision,
+    plus the fp32 logits of ``max_num_seqs`` sampled positions over the rank's vocab shard."""
+    model = shape.model
+    a = bytes_per_element(shape.activation_precision)
+    tp = shape.tp
+    head_dim = model.head_dim if not model.is_mla else model.qk_nope_head_dim + model.qk_rope_head_dim
+    qkv = (math.ceil(model.heads / tp) + 2 * math.ceil(model.kv_heads / tp)) * head_dim
+    ffn = model.expert_ffn_hidden * model.experts_per_token if model.is_moe else model.ffn_hidden
+    gate = 2 if model.gated_mlp else 1
+    mlp = (gate + 1) * math.ceil(ffn / tp)
+    per_token = (2 * model.hidden + max(qkv, mlp)) * a
+    logits = max_num_seqs * math.ceil(model.vocab / tp) * LOGIT_BYTES
+    return max_batched_tokens * per_token + logits
+
+
+def replica_memory(
+    shape: ReplicaShape, *, gpu_memory_utilization: float, block_size: int, max_batched_tokens: int, max_num_seqs: int
+) -> ReplicaMemory:
+    """The memory plan of one replica GPU (the most loaded one: the first pipeline stage)."""
+    budget = shape.cluster.gpu.hbm_capacity_bytes * gpu_memory_utilization
+    weights = weights_bytes_per_gpu(shape)
+    workspace = workspace_bytes_per_gpu(shape, max_batched_tokens, max_num_seqs)
+    comm = NCCL_BUFFER_BYTES if shape.num_gpus > 1 else 0.0
+    kv = budget - weights - workspace - comm
+    per_token = kv_bytes_per_token_per_gpu(shape)
+    blocks = max(0, int(kv // (block_size * per_token))) if kv > 0 else 0
+    return ReplicaMemory(
+        budget_bytes=budget, weights_bytes=weights, workspace_bytes=workspace, comm_bytes=comm, kv_bytes=kv,
+        kv_bytes_per_token=per_token, block_size=block_size, num_blocks=blocks,
+    )

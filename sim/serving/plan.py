@@ -1,0 +1,69 @@
+"""Scheduler decisions: what one batch step computes. Plain frozen dataclasses that check their own
+invariants (as vLLM's ``SchedulerOutputs`` does)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.serving.request import SimRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """``query_tokens`` new tokens of ``request`` computed against ``context_tokens`` cached ones.
+
+    ``emits`` is False for a finished member of a static batch that still occupies its slot
+    (padding: computed, discarded).
+    """
+
+    request: SimRequest
+    query_tokens: int
+    context_tokens: int
+    is_decode: bool
+    emits: bool = True
+
+    @property
+    def kv_tokens(self) -> int:
+        """Keys the chunk's last query sees (its context plus itself)."""
+        return self.context_tokens + self.query_tokens
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepPlan:
+    """One batch step: the chunks to run, requests preempted to make room, and KV blocks swapped."""
+
+    chunks: tuple[Chunk, ...] = ()
+    preempted: tuple[SimRequest, ...] = ()
+    swapped_out_blocks: int = 0
+    swapped_in_blocks: int = 0
+    num_tokens: int = field(init=False)
+    num_prefill_tokens: int = field(init=False)
+    num_decode_tokens: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        ids = [c.request.request_id for c in self.chunks]
+        if len(set(ids)) != len(ids):
+            raise AssertionError(f"a request appears twice in one step: {ids}")
+        if any(c.query_tokens <= 0 for c in self.chunks):
+            raise AssertionError("every scheduled chunk computes at least one token")
+        if self.swapped_in_blocks and self.swapped_out_blocks:
+            raise AssertionError("swap in and swap out never happen in the same step")
+        preempted = {r.request_id for r in self.preempted}
+        if preempted & set(ids):
+            raise AssertionError("a preempted request cannot also be scheduled")
+        prefill = sum(c.query_tokens for c in self.chunks if not c.is_decode)
+        decode = sum(c.query_tokens for c in self.chunks if c.is_decode)
+        object.__setattr__(self, "num_prefill_tokens", prefill)
+        object.__setattr__(self, "num_decode_tokens", decode)
+        object.__setattr__(self, "num_tokens", prefill + decode)
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks and not self.swapped_in_blocks and not self.swapped_out_blocks
+
+    def sequences(self) -> list[tuple[int, int]]:
+        """(query tokens, key tokens) per chunk, for the attention cost."""
+        return [(c.query_tokens, c.context_tokens + c.query_tokens) for c in self.chunks]
+
+
+EMPTY_PLAN = StepPlan()

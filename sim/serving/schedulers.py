@@ -1,0 +1,264 @@
+"""Batch schedulers of one replica: plain classes, no SimPy. ``schedule(now_s)`` returns the next
+``StepPlan``; ``complete(plan, end_s)`` applies its results (computed tokens, sampled tokens,
+finished requests) when the step's time has passed. The engine calls both; tests call them directly.
+
+- ``VllmScheduler``: current vLLM (V1) semantics. A token budget ``max_batched_tokens`` and
+  ``max_num_seqs`` per step; running requests first, in arrival order, then waiting ones (FCFS);
+  chunked prefill; KV blocks allocated lazily as tokens are computed; when blocks run out the newest
+  running request is preempted (recompute: its KV is dropped and it returns to the head of the
+  queue; or swap: its blocks go to CPU memory over PCIe). New requests keep a 1 % block watermark
+  free (vLLM ``watermark = 0.01``). With ``chunked_prefill = False`` it follows vLLM V0's default
+  instead: a step holding prefills holds only prefills (whole prompts), decodes wait.
+- Sarathi-Serve (``decode_first = True``, budget ``chunk_size``): all decodes first, then prefill
+  chunks fill the rest of the token budget (stall-free batching).
+- Disaggregated prefill pool (``prefill_only = True``): a request leaves after its first token and
+  keeps its blocks until the engine has moved its KV (``release``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from sim.serving.kv_cache import BlockManager, blocks_for
+from sim.serving.plan import Chunk, StepPlan
+from sim.serving.request import SimRequest, Status
+
+PREEMPTION_MODES = ("recompute", "swap")
+
+# vLLM BlockSpaceManager / KVCacheManager: new requests are admitted only while 1 % of the blocks
+# stay free, so running requests can grow without immediate preemption (vllm/config.py watermark 0.01).
+WATERMARK_FRACTION = 0.01
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchLimits:
+    """Per-step limits of a replica's scheduler."""
+
+    max_num_seqs: int  # requests in one step
+    max_batched_tokens: int  # query tokens in one step (the token budget)
+    chunked_prefill: bool = True
+    decode_first: bool = False  # Sarathi-Serve ordering
+    prefill_only: bool = False  # disaggregated prefill replica
+    speculative_tokens: int = 0  # k draft tokens verified per decode step
+    preemption_mode: str = "recompute"
+    swap_capacity_blocks: int = 0  # CPU swap space in blocks (swap mode)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs <= 0 or self.max_batched_tokens <= 0:
+            raise ValueError(
+                f"max_num_seqs {self.max_num_seqs} and max_batched_tokens {self.max_batched_tokens} must be > 0"
+            )
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode '{self.preemption_mode}' not in {PREEMPTION_MODES}")
+
+
+AcceptedTokens = Callable[[SimRequest, int], int]
+"""Speculative decoding: tokens emitted by a decode chunk that verified ``k`` drafts (1..k+1)."""
+
+
+def _one_token(request: SimRequest, drafts: int) -> int:
+    return 1
+
+
+class VllmScheduler:
+    """vLLM-style continuous batching over a paged KV cache (see the module docstring)."""
+
+    def __init__(self, limits: BatchLimits, blocks: BlockManager) -> None:
+        self.limits = limits
+        self.blocks = blocks
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.swapped: deque[SimRequest] = deque()
+        self.swap_used_blocks = 0
+        self.num_preemptions = 0
+        self.watermark_blocks = int(WATERMARK_FRACTION * blocks.capacity)
+
+    # ---- queue -----------------------------------------------------------------------------------
+    def add(self, request: SimRequest, now_s: float) -> None:
+        request.status = Status.WAITING
+        self.waiting.append(request)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def outstanding(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def can_ever_fit(self, request: SimRequest) -> str:
+        """Empty when the request can run alone on this replica; else the reason it never can."""
+        need = blocks_for(request.prompt_tokens + request.output_tokens, self.blocks.block_size)
+        if need > self.blocks.capacity:
+            return (
+                f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens need {need} KV blocks; "
+                f"the replica holds {self.blocks.capacity}"
+            )
+        return ""
+
+    # ---- scheduling --------------------------------------------------------------------------------
+    def _preempt(self, victim: SimRequest, preempted: list[SimRequest]) -> int:
+        """Evict ``victim`` from running; return blocks swapped out (0 for recompute)."""
+        self.running.remove(victim)
+        held = self.blocks.held(victim.request_id)
+        self.blocks.free_request(victim.request_id)
+        victim.preemptions += 1
+        self.num_preemptions += 1
+        preempted.append(victim)
+        if self.limits.preemption_mode == "swap" and self.swap_used_blocks + held <= self.limits.swap_capacity_blocks:
+            victim.status = Status.SWAPPED
+            victim.swapped_blocks = held
+            self.swap_used_blocks += held
+            self.swapped.append(victim)
+            return held
+        victim.computed = 0
+        victim.status = Status.WAITING
+        self.waiting.appendleft(victim)
+        return 0
+
+    def _victim(self, request: SimRequest, chunks: list[Chunk]) -> SimRequest:
+        """The newest running request not already in this step's batch (else ``request`` itself)."""
+        scheduled = {id(c.request) for c in chunks}
+        for candidate in reversed(self.running):
+            if candidate is request or id(candidate) not in scheduled:
+                return candidate
+        return request
+
+    def _query_tokens(self, request: SimRequest, budget: int) -> int:
+        if request.in_decode:
+            drafts = min(self.limits.speculative_tokens, request.output_tokens - request.generated - 1)
+            return 1 + max(drafts, 0)
+        remaining = request.remaining_tokens
+        return min(remaining, budget) if self.limits.chunked_prefill else remaining
+
+    def _schedule_running(
+        self, order: list[SimRequest], budget: int, chunks: list[Chunk], preempted: list[SimRequest]
+    ) -> tuple[int, int]:
+        swapped_out = 0
+        for request in order:
+            if request.status != Status.RUNNING or budget <= 0:
+                continue
+            n = self._query_tokens(request, budget)
+            if n > budget:
+                continue  # unchunked prefill that does not fit the remaining budget
+            need = blocks_for(request.computed + n, self.blocks.block_size) - self.blocks.held(request.request_id)
+            while need > self.blocks.available:
+                victim = self._victim(request, chunks)
+                swapped_out += self._preempt(victim, preempted)
+                if victim is request:
+                    break
+            if request.status != Status.RUNNING:
+                continue
+            if need > 0:
+                self.blocks.allocate(request.request_id, need)
+            chunks.append(Chunk(request, n, request.computed, request.in_decode))
+            budget -= n
+        return budget, swapped_out
+
+    def _admit_waiting(self, budget: int, chunks: list[Chunk], now_s: float) -> int:
+        limits = self.limits
+        while self.waiting and budget > 0 and len(self.running) < limits.max_num_seqs:
+            request = self.waiting[0]
+            rid = request.request_id
+            if request.computed == 0 and request.block_hashes and self.blocks.prefix_caching:
+                request.cached_tokens = self.blocks.acquire_prefix(rid, request.block_hashes, request.prompt_tokens)
+                request.computed = request.cached_tokens
+            n = self._query_tokens(request, budget)
+            too_big = n > budget and not (not limits.chunked_prefill and not chunks)
+            need = blocks_for(request.computed + n, self.blocks.block_size) - self.blocks.held(rid)
+            if too_big or not self.blocks.can_allocate(need, self.watermark_blocks):
+                if request.cached_tokens and request.computed == request.cached_tokens:
+                    self.blocks.hits_tokens -= request.cached_tokens
+                    self.blocks.queried_tokens -= request.prompt_tokens
+                    self.blocks.free_request(rid)
+                    request.computed = request.cached_tokens = 0
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(rid, need)
+            request.status = Status.RUNNING
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now_s
+            self.running.append(request)
+            chunks.append(Chunk(request, n, request.computed, request.in_decode))
+            budget -= n
+        return budget
+
+    def _swap_in(self) -> int:
+        swapped_in = 0
+        while self.swapped and len(self.running) < self.limits.max_num_seqs:
+            request = self.swapped[0]
+            if not self.blocks.can_allocate(request.swapped_blocks, self.watermark_blocks):
+                break
+            self.swapped.popleft()
+            self.blocks.allocate(request.request_id, request.swapped_blocks)
+            self.swap_used_blocks -= request.swapped_blocks
+            swapped_in += request.swapped_blocks
+            request.swapped_blocks = 0
+            request.status = Status.RUNNING
+            self.running.append(request)
+        return swapped_in
+
+    def schedule(self, now_s: float) -> StepPlan:
+        """The next step's batch (possibly empty when memory blocks every request)."""
+        limits = self.limits
+        chunks: list[Chunk] = []
+        preempted: list[SimRequest] = []
+        budget = limits.max_batched_tokens
+        if not limits.chunked_prefill and not limits.decode_first and self.waiting and not self.swapped:
+            # vLLM V0 default: prefills get a step of their own whenever one can be admitted
+            self._admit_waiting(budget, chunks, now_s)
+            if chunks:
+                return StepPlan(chunks=tuple(chunks))
+        if limits.decode_first:
+            order = [r for r in self.running if r.in_decode] + [r for r in self.running if not r.in_decode]
+        else:
+            order = list(self.running)
+        budget, swapped_out = self._schedule_running(order, budget, chunks, preempted)
+        swapped_in = 0
+        if not preempted:
+            swapped_in = self._swap_in()
+            if swapped_in:
+                for request in self.running:
+                    if request.status == Status.RUNNING and all(c.request is not request for c in chunks):
+                        budget, _ = self._schedule_running([request], budget, chunks, preempted)
+            if not self.swapped and (limits.chunked_prefill or limits.decode_first):
+                self._admit_waiting(budget, chunks, now_s)
+        return StepPlan(
+            chunks=tuple(chunks), preempted=tuple(preempted), swapped_out_blocks=swapped_out, swapped_in_blocks=swapped_in
+        )
+
+    # ---- results ------------------------------------------------------------------------------------
+    def complete(self, plan: StepPlan, end_s: float, accepted: AcceptedTokens = _one_token) -> list[SimRequest]:
+        """Apply a finished step; return the requests that left this replica (finished, or handed
+        off to a decode replica in a prefill-only pool)."""
+        left: list[SimRequest] = []
+        for chunk in plan.chunks:
+            request = chunk.request
+            if request.status != Status.RUNNING:
+                continue
+            if chunk.is_decode:
+                emitted = min(accepted(request, chunk.query_tokens - 1), request.output_tokens - request.generated)
+                request.computed += emitted
+                request.emit(emitted, end_s)
+            else:
+                request.computed += chunk.query_tokens
+                self.blocks.publish(request.request_id, request.block_hashes, request.computed)
+                if request.computed == request.num_tokens:
+                    request.emit(1, end_s)
+            if request.done or (self.limits.prefill_only and request.generated > 0):
+                left.append(request)
+        if left:
+            gone = {r.request_id for r in left}
+            self.running = [r for r in self.running if r.request_id not in gone]
+            for request in left:
+                if request.done:
+                    request.status = Status.FINISHED
+                    request.finish_s = end_s
+                    self.blocks.free_request(request.request_id)
+                else:
+                    request.status = Status.TRANSFERRING
+        return left
+
+    def release(self, request: SimRequest) -> None:
+        """Free a handed-off request's blocks once its KV has left this replica."""
+        self.blocks.free_request(request.request_id)

@@ -1,0 +1,172 @@
+"""Step time of one serving replica for a batch as it is: the layer op graph of
+``workloads.graph`` (GEMMs on the step's total tokens, attention per request, TP collectives)
+priced by ``sim.costmodel`` (the one op -> cost mapping), plus the LM head and sampling on the
+sampled positions only, pipeline-stage transfers, and fixed CPU overheads per step and per request.
+
+Exact caching: every op except attention depends on the step's token count alone, so their price is
+cached per token count; attention is priced per step on the chunks' own (query, key) lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from hardware.topology import Cluster
+from sim.costmodel import op_time_s, price_ops
+from sim.serving.plan import StepPlan
+from workloads.graph import Op, Sharding, embedding_ops, layer_forward_ops, lm_head_ops
+from workloads.model import ModelSpec
+from workloads.precision import bytes_per_element
+
+# Sampling reads the fp32 logits of each sampled position once for softmax/top-p and once for the
+# draw (vLLM's sampler: logits.float(), softmax, then multinomial sampling): 2 passes x 4 bytes.
+SAMPLER_PASSES = 2
+LOGIT_BYTES = 4.0
+
+
+def compute_precision(weight_precision: str, activation_precision: str) -> str:
+    """Peak the GEMMs run at: fp8 weights use fp8 tensor cores (W8A8, as TensorRT-LLM/vLLM FP8);
+    int8/int4 weight-only quantization dequantizes to the activation precision."""
+    return "fp8" if weight_precision == "fp8" else activation_precision
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaShape:
+    """What a replica runs: model, GPUs (the first ``tp * pp`` ranks from ``first_rank``), precisions."""
+
+    model: ModelSpec
+    cluster: Cluster
+    tp: int
+    pp: int = 1
+    weight_precision: str = "bf16"
+    kv_precision: str = "bf16"
+    activation_precision: str = "bf16"
+    first_rank: int = 0
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+
+class StepCostModel:
+    """Seconds of one batch step on a replica (``step_time_s``), with the CPU overheads given."""
+
+    def __init__(
+        self,
+        shape: ReplicaShape,
+        *,
+        step_overhead_s: float,
+        request_overhead_s: float,
+        draft: StepCostModel | None = None,
+        draft_free_overhead: float = 0.0,
+    ) -> None:
+        self.shape = shape
+        self.step_overhead_s = step_overhead_s
+        self.request_overhead_s = request_overhead_s
+        self.draft = draft
+        self.draft_free_overhead = draft_free_overhead
+        model, cluster = shape.model, shape.cluster
+        self._gpu = cluster.gpu
+        self._precision = compute_precision(shape.weight_precision, shape.activation_precision)
+        self._act_bpe = bytes_per_element(shape.activation_precision)
+        self._w_bpe = bytes_per_element(shape.weight_precision)
+        self._kv_bpe = bytes_per_element(shape.kv_precision)
+        ranks = list(range(shape.first_rank, shape.first_rank + shape.tp))
+        self._links = {"tp": cluster.group_links(ranks)}
+        if shape.pp > 1:
+            self._links["pp"] = cluster.group_links([shape.first_rank, shape.first_rank + shape.tp])
+        self._sharding = Sharding(tp=shape.tp)
+        self._dense_layers = model.layers - model.moe_layers
+        self._moe_layers = model.moe_layers
+        self._window = model.sliding_window
+        self._token_cache: dict[int, float] = {}
+        self._head_cache: dict[int, float] = {}
+        # attention template: the layer's attention op with the rank's head counts
+        probe = self._layer_ops(1, moe=False, sequences=((1, 1),))
+        self._attention = replace(
+            next(op for op in probe if op.kind == "attention"), sequences=(), bytes_per_element=self._kv_bpe
+        )
+
+    # ---- pieces ------------------------------------------------------------------------------------
+    def _layer_ops(self, tokens: int, *, moe: bool, sequences: Sequence[tuple[int, int]] = ()) -> list[Op]:
+        return layer_forward_ops(
+            self.shape.model,
+            tokens=tokens,
+            sequences=sequences,
+            sharding=self._sharding,
+            moe=moe,
+            bytes_per_element=self._act_bpe,
+            weight_bytes_per_element=self._w_bpe,
+        )
+
+    def _price(self, ops: Sequence[Op]) -> float:
+        return price_ops(ops, self._gpu, precision=self._precision, links=self._links).total_s
+
+    def token_time_s(self, tokens: int) -> float:
+        """Every op of the forward pass except attention and the LM head, for ``tokens`` tokens."""
+        cached = self._token_cache.get(tokens)
+        if cached is not None:
+            return cached
+        seconds = 0.0
+        if self._dense_layers:
+            seconds += self._dense_layers * self._price(self._layer_ops(tokens, moe=False))
+        if self._moe_layers:
+            seconds += self._moe_layers * self._price(self._layer_ops(tokens, moe=True))
+        model = self.shape.model
+        seconds += self._price(embedding_ops(model, tokens=tokens, sharding=self._sharding, bytes_per_element=self._act_bpe))
+        if self.shape.pp > 1:
+            message = tokens * model.hidden * self._act_bpe
+            hop = Op(name="pp_send", kind="collective", collective="send_recv", axis="pp", message_bytes=message)
+            seconds += (self.shape.pp - 1) * op_time_s(hop, self._gpu, precision=self._precision, links=self._links)
+        self._token_cache[tokens] = seconds
+        return seconds
+
+    def head_time_s(self, sampled: int) -> float:
+        """LM head (vocab-parallel, no loss) and the sampler for ``sampled`` positions."""
+        cached = self._head_cache.get(sampled)
+        if cached is not None:
+            return cached
+        model = self.shape.model
+        ops = lm_head_ops(
+            model, tokens=sampled, sharding=self._sharding, bytes_per_element=self._act_bpe,
+            weight_bytes_per_element=self._w_bpe, loss=False,
+        )
+        vocab_shard = -(-model.vocab // self.shape.tp)
+        ops.append(Op(name="sampler", kind="memory", bytes_moved=SAMPLER_PASSES * sampled * vocab_shard * LOGIT_BYTES))
+        seconds = self._price(ops)
+        self._head_cache[sampled] = seconds
+        return seconds
+
+    def attention_time_s(self, sequences: Sequence[tuple[int, int]]) -> float:
+        """All layers' attention for (query tokens, key tokens) per request, keys capped by a sliding window."""
+        if not sequences:
+            return 0.0
+        if self._window is not None:
+            w = self._window
+            sequences = [(q, min(kv, q + w - 1)) for q, kv in sequences]
+        op = replace(self._attention, sequences=tuple(sequences))
+        return self.shape.model.layers * op_time_s(op, self._gpu, precision=self._precision, links=self._links)
+
+    def forward_time_s(self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int) -> float:
+        """One forward pass of ``tokens`` tokens over ``sequences``, sampling ``sampled`` positions."""
+        return self.token_time_s(tokens) + self.attention_time_s(sequences) + self.head_time_s(sampled)
+
+    # ---- a step --------------------------------------------------------------------------------------
+    def step_time_s(self, plan: StepPlan) -> float:
+        """Seconds from the start of ``plan`` to its sampled tokens (GPU work plus CPU overheads)."""
+        chunks = plan.chunks
+        if not chunks:
+            return self.step_overhead_s
+        sequences = [(c.query_tokens, c.context_tokens + c.query_tokens) for c in chunks]
+        # positions whose logits are sampled: the last token of each chunk, all k+1 of a verification
+        sampled = sum(c.query_tokens if c.is_decode else 1 for c in chunks)
+        seconds = self.forward_time_s(plan.num_tokens, sequences, sampled)
+        drafts = max((c.query_tokens - 1 for c in chunks if c.is_decode), default=0)
+        if drafts > 0:
+            if self.draft is not None:
+                decode = [(1, c.context_tokens + 1) for c in chunks if c.is_decode]
+                seconds += drafts * self.draft.forward_time_s(len(decode), decode, len(decode))
+            else:
+                seconds *= 1.0 + self.draft_free_overhead
+        return seconds + self.step_overhead_s + self.request_overhead_s * len(chunks)

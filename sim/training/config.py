@@ -1,0 +1,195 @@
+"""``[training]`` and ``[parallel]``: parse, fill defaults, and reject invalid plans with the rule
+and the values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hardware.topology import Cluster
+from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section
+from sim.errors import ConfigError
+from workloads.errors import InvalidPlanError
+from workloads.model import ModelSpec
+from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+
+TRAINING_KEYS = ("seq_len", "global_batch", "micro_batch", "precision", "optimizer", "attention_kernel")
+PARALLEL_KEYS = (
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "dp",
+    "sequence_parallel",
+    "zero",
+    "hsdp",
+    "schedule",
+    "virtual_stages",
+    "recompute",
+    "layers_per_stage",
+    "tp_comm_overlap",
+    "dp_comm_overlap",
+    "offload",
+    "expert_load_imbalance",
+    "overlap_slowdown",
+)
+ATTENTION_KERNELS = ("flash", "unfused")
+
+# Compute slowdown while a communication kernel shares the SMs. NCCL ring kernels occupy one SM per
+# channel (NCCL's default of up to 32 channels on NVSwitch systems: 32 / 108 SMs on A100, 32 / 132
+# on H100); overlapped GEMMs lose about that share of the machine. Calculon models the same effect
+# as `processor_usage`; calibratable per run with [parallel] overlap_slowdown.
+DEFAULT_OVERLAP_SLOWDOWN = 1.0 / (1.0 - 16.0 / 108.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSetup:
+    """Everything a training run needs, resolved and validated."""
+
+    model: ModelSpec
+    cluster: Cluster
+    job: TrainingJob
+    plan: ParallelPlan
+    attention_kernel: str  # "flash" (FlashAttention / cuDNN fused) | "unfused" (scores materialised)
+    dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
+    expert_load_imbalance: float  # busiest expert's tokens / mean
+    overlap_slowdown: float  # >= 1
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.job.num_microbatches(self.plan.dp)
+
+
+def _int(table: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"[{where}] {key} = {value!r} must be an integer")
+    return value
+
+
+def _bool(table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"[{where}] {key} = {value!r} must be true or false")
+    return value
+
+
+def _float(table: Mapping[str, Any], key: str, where: str, default: float, minimum: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise ConfigError(f"[{where}] {key} = {value!r} must be a number >= {minimum}")
+    return float(value)
+
+
+def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
+    """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule."""
+    model = resolve_model(config)
+    training = section(config, "training")
+    parallel = section(config, "parallel", required=False)
+    reject_unknown_keys(training, "training", TRAINING_KEYS)
+    reject_unknown_keys(parallel, "parallel", PARALLEL_KEYS)
+    for key in ("seq_len", "global_batch"):
+        if key not in training:
+            raise ConfigError(f"[training] needs '{key}'")
+    job = TrainingJob(
+        seq_len=_int(training, "seq_len", "training"),
+        global_batch=_int(training, "global_batch", "training"),
+        micro_batch=_int(training, "micro_batch", "training", 1),
+        precision=str(training.get("precision", "bf16")),
+        optimizer=str(training.get("optimizer", "adam")),
+    )
+    attention_kernel = str(training.get("attention_kernel", "flash"))
+    if attention_kernel not in ATTENTION_KERNELS:
+        raise ConfigError(f"[training] attention_kernel = '{attention_kernel}' must be one of {', '.join(ATTENTION_KERNELS)}")
+
+    tp = _int(parallel, "tp", "parallel", 1)
+    pp = _int(parallel, "pp", "parallel", 1)
+    cp = _int(parallel, "cp", "parallel", 1)
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        if value < 1:
+            raise InvalidPlanError(f"parallel.{name} = {value} must be >= 1")
+    cluster_table = section(config, "cluster")
+    dp_value = parallel.get("dp", "auto")
+    if dp_value == "auto":
+        num_gpus = cluster_table.get("num_gpus")
+        if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
+            raise ConfigError(f"[cluster] num_gpus = {num_gpus!r} must be a positive integer")
+        if num_gpus % (tp * pp * cp):
+            raise InvalidPlanError(
+                f"parallel.dp = 'auto' needs num_gpus {num_gpus} divisible by tp x pp x cp = {tp * pp * cp}"
+            )
+        dp = num_gpus // (tp * pp * cp)
+    elif isinstance(dp_value, int) and not isinstance(dp_value, bool):
+        dp = dp_value
+    else:
+        raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
+    cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+
+    layers = parallel.get("layers_per_stage", [])
+    if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+        raise ConfigError(f"[parallel] layers_per_stage = {layers!r} must be a list of integers")
+    plan = ParallelPlan(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=_int(parallel, "ep", "parallel", 1),
+        sequence_parallel=_bool(parallel, "sequence_parallel", "parallel", False),
+        zero=_int(parallel, "zero", "parallel", 0),
+        hsdp=_bool(parallel, "hsdp", "parallel", False),
+        schedule=str(parallel.get("schedule", "1f1b")),
+        virtual_stages=_int(parallel, "virtual_stages", "parallel", 1),
+        recompute=str(parallel.get("recompute", "none")),
+        layers_per_stage=tuple(layers),
+        tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False),
+        offload=str(parallel.get("offload", "none")),
+    )
+    validate_plan(model, cluster, job, plan)
+    return TrainingSetup(
+        model=model,
+        cluster=cluster,
+        job=job,
+        plan=plan,
+        attention_kernel=attention_kernel,
+        dp_comm_overlap=_bool(parallel, "dp_comm_overlap", "parallel", True),
+        expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0),
+        overlap_slowdown=_float(parallel, "overlap_slowdown", "parallel", DEFAULT_OVERLAP_SLOWDOWN, 1.0),
+    )
+
+
+def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan) -> None:
+    """The divisibility rules Megatron-LM enforces, each reported with its values."""
+    where = f"model {model.name}"
+    if plan.world_size != cluster.num_gpus:
+        raise InvalidPlanError(
+            f"tp x pp x cp x dp = {plan.tp} x {plan.pp} x {plan.cp} x {plan.dp} = {plan.world_size} "
+            f"must equal cluster.num_gpus {cluster.num_gpus}"
+        )
+    if model.heads % plan.tp:
+        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.heads} attention heads of {where}")
+    if not model.is_mla and model.kv_heads % plan.tp:
+        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.kv_heads} kv_heads of {where}")
+    ffn = model.expert_ffn_hidden if model.is_moe and model.dense_layers == 0 else model.ffn_hidden
+    if ffn % plan.tp:
+        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the FFN width {ffn} of {where}")
+    stage_layer_counts(model.layers, plan)
+    if plan.ep > 1:
+        if not model.is_moe:
+            raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; {where} is dense")
+        if model.experts % plan.ep:
+            raise InvalidPlanError(f"parallel.ep {plan.ep} must divide the {model.experts} experts of {where}")
+    if plan.cp > 1 and job.seq_len % (2 * plan.cp):
+        raise InvalidPlanError(
+            f"training.seq_len {job.seq_len} must be divisible by 2 x cp = {2 * plan.cp} (load-balanced causal context parallel)"
+        )
+    job.num_microbatches(plan.dp)
+    if plan.schedule == "interleaved" and job.num_microbatches(plan.dp) % plan.pp:
+        raise InvalidPlanError(
+            f"schedule 'interleaved' needs the {job.num_microbatches(plan.dp)} micro-batches to be a multiple of pp {plan.pp}"
+        )
+    if plan.tp_comm_overlap and not plan.sequence_parallel:
+        raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
+    if job.seq_len > model.max_seq_len and model.position == "learned":
+        raise InvalidPlanError(
+            f"training.seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of {where}"
+        )

@@ -1,0 +1,438 @@
+"""Price one training iteration's work: from (model, plan, job, cluster) to a ``PipelineWork``.
+
+Ranks follow Megatron-LM's default order (tp fastest, then cp, then dp, then pp), so a tensor-
+parallel group sits inside a node and data-parallel peers are tp x cp ranks apart. By symmetry one
+rank per pipeline stage is priced: every data-parallel replica and every tp/cp peer does the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from hardware.collectives import Collective, GroupLinks, collective_time_s
+from hardware.specs import Tier
+from hardware.transfer import transfer_time_s
+from sim import costmodel
+from sim.training.config import TrainingSetup
+from sim.training.memory import activation_bytes_per_layer, memory_per_stage
+from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
+from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
+from workloads.plan import stage_layer_counts
+from workloads.precision import bytes_per_element
+
+# Megatron-LM's DDP gradient bucket: max(40M, 1M x dp) parameters (megatron/core/distributed,
+# `bucket_size = max(40000000, 1000000 * dp_size)`).
+BUCKET_PARAMETERS = 40_000_000
+
+# Bytes of HBM touched per parameter by a mixed-precision Adam step: read fp32 gradient, master
+# weight, m and v (16), write master, m and v (12), write the 16-bit model weight (2).
+ADAM_BYTES_PER_PARAMETER = 30.0
+SGD_BYTES_PER_PARAMETER = 14.0  # read grad, master (8), write master (4), write 16-bit weight (2)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ranks:
+    """Rank numbers of stage ``stage``'s process groups (Megatron order tp, cp, dp, pp)."""
+
+    tp: tuple[int, ...]
+    cp: tuple[int, ...]
+    dp: tuple[int, ...]
+    ep: tuple[int, ...]
+
+
+def rank_of(setup: TrainingSetup, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
+    plan = setup.plan
+    return tp + plan.tp * (cp + plan.cp * (dp + plan.dp * pp))
+
+
+def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
+    plan = setup.plan
+    ep_ranks = []
+    for j in range(plan.ep):  # expert group: consecutive ranks of the (cp x dp) space
+        cp_index, dp_index = j % plan.cp, j // plan.cp
+        ep_ranks.append(rank_of(setup, cp=cp_index, dp=dp_index, pp=stage))
+    return Ranks(
+        tp=tuple(rank_of(setup, tp=t, pp=stage) for t in range(plan.tp)),
+        cp=tuple(rank_of(setup, cp=c, pp=stage) for c in range(plan.cp)),
+        dp=tuple(rank_of(setup, dp=d, pp=stage) for d in range(plan.dp)),
+        ep=tuple(ep_ranks),
+    )
+
+
+def group_links(setup: TrainingSetup, stage: int) -> dict[str, GroupLinks]:
+    ranks = stage_ranks(setup, stage)
+    cluster = setup.cluster
+    return {axis: cluster.group_links(list(getattr(ranks, axis))) for axis in ("tp", "cp", "dp", "ep")}
+
+
+def _sharding(setup: TrainingSetup) -> Sharding:
+    plan = setup.plan
+    return Sharding(
+        tp=plan.tp,
+        sequence_parallel=plan.sequence_parallel,
+        cp=plan.cp,
+        ep=plan.ep,
+        expert_load_imbalance=setup.expert_load_imbalance,
+    )
+
+
+def attention_sequences(setup: TrainingSetup) -> tuple[tuple[tuple[int, int], ...], bool]:
+    """(query, key) pairs of one rank's micro-batch and whether the kernel masks causally.
+
+    Context parallel with load balancing gives each rank two sequence chunks whose queries see on
+    average half the sequence: priced as s/cp queries against s/2 keys, unmasked (exact in FLOPs).
+    A sliding window w < s caps each query's keys: priced as s queries against the mean key count.
+    """
+    s, b, cp = setup.job.seq_len, setup.job.micro_batch, setup.plan.cp
+    window = setup.model.sliding_window
+    if cp > 1:
+        keys = s // 2 if window is None else min(window, s // 2)
+        return tuple([(s // cp, keys)] * b), False
+    if window is not None and window < s:
+        keys_seen = window * (window + 1) / 2 + (s - window) * window
+        return tuple([(s, round(keys_seen / s))] * b), False
+    return tuple([(s, s)] * b), True
+
+
+def layer_passes(setup: TrainingSetup, moe: bool) -> tuple[list[Op], list[Op], list[Op]]:
+    """(F, B, W) ops of one layer for one micro-batch; B starts with the recomputed forward ops."""
+    job, plan = setup.job, setup.plan
+    sequences, causal = attention_sequences(setup)
+    forward = layer_forward_ops(
+        setup.model,
+        tokens=job.micro_batch * job.seq_len // plan.cp,
+        sequences=sequences,
+        sharding=_sharding(setup),
+        moe=moe,
+        bytes_per_element=bytes_per_element("bf16" if job.precision == "fp8" else job.precision),
+        causal=causal,
+        fused_attention=setup.attention_kernel == "flash",
+    )
+    if plan.recompute == "full":
+        recompute = forward
+    elif plan.recompute == "selective":
+        recompute = [op for op in forward if op.kind == "attention" or op.name.startswith("attention_")
+                     and op.kind != "collective"]
+    else:
+        recompute = []
+    b_ops, w_ops = backward_ops(forward, recompute=recompute)
+    return forward, b_ops, w_ops
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PassCost:
+    """Seconds of one pass: compute, communication per axis, and the part that stays exposed."""
+
+    compute_s: float
+    exposed_comm_s: dict[str, float]
+    flops: float
+    recompute_flops: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + sum(self.exposed_comm_s.values())
+
+
+def price_pass(setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks]) -> PassCost:
+    """Compute plus the communication left on the critical path.
+
+    TP collectives block the compute stream unless ``tp_comm_overlap`` (then they hide behind the
+    pass's GEMMs, which run slower by ``overlap_slowdown`` while overlapped); the context-parallel
+    K/V ring overlaps the attention kernel; expert all-to-alls always block.
+    """
+    gpu, precision = setup.cluster.gpu, setup.job.precision
+    compute = gemm = attention = flops = recompute_flops = 0.0
+    comm: dict[str, float] = {}
+    for op in ops:
+        seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links)
+        if op.kind == "collective":
+            comm[op.axis] = comm.get(op.axis, 0.0) + seconds
+            continue
+        compute += seconds
+        op_flops = costmodel.op_flops(op)
+        flops += op_flops
+        if op.recompute:
+            recompute_flops += op_flops
+        if op.kind == "gemm":
+            gemm += seconds
+        elif op.kind == "attention":
+            attention += seconds
+    slowdown = setup.overlap_slowdown - 1.0
+    exposed: dict[str, float] = {}
+    for axis, seconds in comm.items():
+        if axis == "tp" and setup.plan.tp_comm_overlap:
+            hidden = min(seconds, gemm)
+        elif axis == "cp":
+            hidden = min(seconds, attention)
+        else:
+            hidden = 0.0
+        compute += hidden * slowdown
+        exposed[axis] = seconds - hidden
+    return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)
+
+
+def _add(total: dict[str, float], extra: Mapping[str, float]) -> None:
+    for axis, seconds in extra.items():
+        total[axis] = total.get(axis, 0.0) + seconds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerCost:
+    """One layer's (or one pipeline end's) F, B and W for one micro-batch."""
+
+    forward: PassCost
+    backward_input: PassCost
+    backward_weight: PassCost
+    recompute_s: float  # part of backward_input spent re-running forward ops
+
+
+def price_layer(setup: TrainingSetup, ops: tuple[list[Op], list[Op], list[Op]], links: Mapping[str, GroupLinks]) -> LayerCost:
+    f_ops, b_ops, w_ops = ops
+    recompute = [op for op in b_ops if op.recompute]
+    return LayerCost(
+        forward=price_pass(setup, f_ops, links),
+        backward_input=price_pass(setup, b_ops, links),
+        backward_weight=price_pass(setup, w_ops, links),
+        recompute_s=price_pass(setup, recompute, links).total_s if recompute else 0.0,
+    )
+
+
+def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list[Op], list[Op], list[Op]]]:
+    """F, B, W ops of the embedding (first chunk) and LM head + loss (last chunk)."""
+    model, job, plan = setup.model, setup.job, setup.plan
+    tokens = job.micro_batch * job.seq_len // plan.cp
+    act = bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
+    sharding = _sharding(setup)
+    ends = []
+    if first:
+        ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
+    if last:
+        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
+    return [(forward, *backward_ops(forward)) for forward in ends]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkCost:
+    work: ChunkWork
+    flops: float  # hardware FLOPs of F + B + W for one micro-batch (recompute included)
+    recompute_flops: float
+
+
+def chunk_cost(
+    setup: TrainingSetup,
+    *,
+    layers: range,
+    first: bool,
+    last: bool,
+    links: Mapping[str, GroupLinks],
+    layer_cache: dict[bool, LayerCost],
+) -> ChunkCost:
+    """F, B and W of one micro-batch through a chunk holding ``layers`` (global layer indices)."""
+    model, job, plan = setup.model, setup.job, setup.plan
+    costs: list[LayerCost] = []
+    for layer in layers:
+        moe = model.is_moe and layer >= model.dense_layers
+        if moe not in layer_cache:
+            layer_cache[moe] = price_layer(setup, layer_passes(setup, moe), links)
+        costs.append(layer_cache[moe])
+    costs += [price_layer(setup, ops, links) for ops in end_ops(setup, first=first, last=last)]
+    exposed: dict[str, float] = {}
+    flops = recompute_flops = 0.0
+    for cost in costs:
+        for pass_cost in (cost.forward, cost.backward_input, cost.backward_weight):
+            _add(exposed, pass_cost.exposed_comm_s)
+            flops += pass_cost.flops
+            recompute_flops += pass_cost.recompute_flops
+    tokens = job.micro_batch * job.seq_len // plan.cp
+    send = tokens * model.hidden * bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
+    if plan.sequence_parallel and plan.tp > 1:
+        send /= plan.tp  # Megatron's scatter-gather: each TP rank sends its 1/tp slice
+    per_layer_activation = activation_bytes_per_layer(model, plan, job, flash_attention=setup.attention_kernel == "flash")
+    work = ChunkWork(
+        forward_s=sum(c.forward.total_s for c in costs),
+        backward_input_s=sum(c.backward_input.total_s for c in costs),
+        backward_weight_s=sum(c.backward_weight.total_s for c in costs),
+        exposed_comm_s=exposed,
+        recompute_s=sum(c.recompute_s for c in costs),
+        activation_bytes=len(layers) * per_layer_activation,
+        send_bytes=send,
+        layers=len(layers),
+    )
+    return ChunkCost(work=work, flops=flops, recompute_flops=recompute_flops)
+
+
+def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
+    """Parameters one rank of ``stage`` holds before any ZeRO sharding: its layers (all its virtual
+    chunks) divided by tp (experts also by ep), plus the embedding on stage 0 and the LM head on the
+    last stage (a tied head is a second copy there when pp > 1, as Megatron keeps it)."""
+    model, plan = setup.model, setup.plan
+    counts = stage_layer_counts(model.layers, plan)
+    first_layer = 0
+    params = 0.0
+    for chunk, count in enumerate(counts):
+        if chunk % plan.pp == stage:
+            for layer in range(first_layer, first_layer + count):
+                if model.is_moe and layer >= model.dense_layers:
+                    experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
+                    dense = model.layer_parameters(moe=True) - experts
+                    params += dense / plan.tp + experts / (plan.tp * plan.ep)
+                else:
+                    params += model.layer_parameters(moe=False) / plan.tp
+        first_layer += count
+    table = model.vocab * model.hidden / plan.tp
+    if stage == 0:
+        params += table
+    if stage == plan.pp - 1 and (not model.tied_embeddings or plan.pp > 1):
+        params += table
+    return params
+
+
+def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> tuple[CommWork, ...]:
+    """Data-parallel gradient buckets of one stage (empty when dp == 1).
+
+    ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
+    all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``). Gradients travel in
+    fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
+    fp16 for fp16 training.
+    """
+    plan = setup.plan
+    group = links["dp"]
+    if group.size <= 1:
+        return ()
+    params = stage_parameters_per_rank(setup, stage)
+    grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
+    kind = Collective.ALL_REDUCE if plan.zero == 0 else Collective.REDUCE_SCATTER
+    buckets = []
+    remaining = params
+    while remaining > 0:
+        size = min(bucket, remaining)
+        message = size * grad_bytes
+        buckets.append(CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=collective_time_s(kind, message, group)))
+        remaining -= size
+    return tuple(buckets)
+
+
+def param_gather_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> tuple[CommWork, ...]:
+    """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
+    plan = setup.plan
+    group = links["dp"]
+    if plan.zero != 3 or group.size <= 1:
+        return ()
+    params = stage_parameters_per_rank(setup, stage)
+    per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
+    return tuple(
+        CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk,
+                 duration_s=collective_time_s(Collective.ALL_GATHER, per_chunk, group))
+        for _ in range(plan.virtual_stages)
+    )
+
+
+def optimizer_time_s(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> float:
+    """The optimizer step of one rank, with the traffic it implies.
+
+    On the GPU it is memory-bound over the rank's optimizer shard (ZeRO >= 1 shards it dp ways).
+    ZeRO 1/2 then all-gather the updated 16-bit parameters (hidden under the next forward when
+    dp_comm_overlap, as Megatron's --overlap-param-gather). Offloaded optimizers run CPU Adam over
+    host DRAM bandwidth and move gradients down and parameters up over PCIe (ZeRO-Offload); NVMe
+    offload also reads and writes the optimizer states from NVMe (ZeRO-Infinity).
+    """
+    plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
+    params = stage_parameters_per_rank(setup, stage)
+    shard = params / plan.dp if plan.zero >= 1 else params
+    per_param = ADAM_BYTES_PER_PARAMETER if setup.job.optimizer == "adam" else SGD_BYTES_PER_PARAMETER
+    if plan.offload == "none":
+        seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
+    else:
+        dram_share_Bps = node.cpu_dram_bandwidth_Bps / node.gpus_per_node
+        seconds = shard * per_param / dram_share_Bps
+        seconds += transfer_time_s(shard * 2.0, Tier.CPU, Tier.HBM, node, gpu)  # updated 16-bit parameters up
+        if plan.offload == "nvme":
+            state_bytes = shard * (ADAM_BYTES_PER_PARAMETER - 2.0) * 0.5  # read and write m, v, master: half each way
+            seconds += transfer_time_s(state_bytes, Tier.NVME, Tier.CPU, node, gpu) + transfer_time_s(state_bytes, Tier.CPU, Tier.NVME, node, gpu)
+    if plan.zero in (1, 2) and links["dp"].size > 1 and not setup.dp_comm_overlap:
+        seconds += collective_time_s(Collective.ALL_GATHER, params * 2.0, links["dp"])
+    return seconds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationWork:
+    """The priced pipeline plus the FLOP counts the metrics need."""
+
+    pipeline: PipelineWork
+    hardware_flops_per_replica: float  # everything executed by one pipeline replica's stage ranks x tp x cp
+    recompute_flops_per_replica: float
+
+
+def p2p_links(setup: TrainingSetup) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Bandwidth and latency between stage i and stage (i + 1) % pp (first ranks of each stage)."""
+    pp = setup.plan.pp
+    bandwidth, latency = [], []
+    for stage in range(pp):
+        src, dst = rank_of(setup, pp=stage), rank_of(setup, pp=(stage + 1) % pp)
+        if src == dst:
+            bandwidth.append(float("inf"))
+            latency.append(0.0)
+        else:
+            bw, lat = setup.cluster.p2p_links(src, dst)
+            bandwidth.append(bw)
+            latency.append(lat)
+    return tuple(bandwidth), tuple(latency)
+
+
+def build_iteration(setup: TrainingSetup) -> IterationWork:
+    """Price every stage's chunks, gradient buckets and optimizer step."""
+    plan, model = setup.plan, setup.model
+    counts = stage_layer_counts(model.layers, plan)
+    starts = [sum(counts[:c]) for c in range(len(counts))]
+    num_chunks = len(counts)
+    memory = memory_per_stage(model, plan, setup.job, capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes,
+                              flash_attention=setup.attention_kernel == "flash")
+    stages = []
+    flops = recompute_flops = 0.0
+    for stage in range(plan.pp):
+        links = group_links(setup, stage)
+        layer_cache: dict[bool, LayerCost] = {}
+        chunks = []
+        for chunk in range(stage, num_chunks, plan.pp):
+            cost = chunk_cost(
+                setup,
+                layers=range(starts[chunk], starts[chunk] + counts[chunk]),
+                first=chunk == 0,
+                last=chunk == num_chunks - 1,
+                links=links,
+                layer_cache=layer_cache,
+            )
+            chunks.append(cost.work)
+            flops += cost.flops
+            recompute_flops += cost.recompute_flops
+        breakdown = memory[stage]
+        stages.append(
+            StageWork(
+                stage=stage,
+                chunks=tuple(chunks),
+                grad_sync=grad_sync_work(setup, stage, links) if setup.dp_comm_overlap else (),
+                param_gather=param_gather_work(setup, stage, links),
+                optimizer_s=optimizer_time_s(setup, stage, links)
+                + (0.0 if setup.dp_comm_overlap else sum(c.duration_s for c in grad_sync_work(setup, stage, links))),
+                static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
+            )
+        )
+    bandwidth, latency = p2p_links(setup)
+    m = setup.num_microbatches
+    ranks_per_stage = plan.tp * plan.cp
+    pipeline = PipelineWork(
+        schedule=plan.schedule,
+        num_microbatches=m,
+        virtual_stages=plan.virtual_stages,
+        stages=tuple(stages),
+        p2p_bandwidth_Bps=bandwidth,
+        p2p_latency_s=latency,
+        overlap_slowdown=setup.overlap_slowdown,
+    )
+    return IterationWork(
+        pipeline=pipeline,
+        hardware_flops_per_replica=flops * m * ranks_per_stage,
+        recompute_flops_per_replica=recompute_flops * m * ranks_per_stage,
+    )

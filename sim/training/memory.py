@@ -1,0 +1,422 @@
+"""Training memory per pipeline stage: model states, stored activations, buffers and offload tiers.
+
+Pure functions of (ModelSpec, ParallelPlan, TrainingJob); the analytic estimator, the SimPy executor
+and the plan search all call them, so they cannot disagree about what fits.
+
+Conventions (each cited where it is used below):
+* Mixed precision as Megatron-LM: 16-bit weights, fp32 main gradients, fp32 master weights and Adam
+  m, v -> 2 + 4 + 12 = 18 bytes/parameter at ZeRO 0; the distributed optimizer (ZeRO 1) gives
+  6 + 12/d. ZeRO 2 also shards gradients; ZeRO 3 (FSDP) shards weights too.
+* fp8 training keeps the bf16 weights and adds an fp8 copy of every transformer-layer matmul weight
+  and its transpose (1 + 1 bytes/parameter; Transformer Engine caches both layouts for the forward
+  and the data-gradient GEMMs on Hopper). Activations stay 16-bit (conservative: TE may store fp8
+  casts of some GEMM inputs).
+* Data-parallel sharding runs over dp x cp (Megatron shards the distributed optimizer over the
+  data-parallel group with context parallel); expert parameters over dp x cp / ep. Experts use the
+  plan's tp as expert tensor parallelism (Megatron-Core's default when no separate ETP is given).
+* Activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, generalised per tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hardware.units import MB, MiB, GB
+from workloads.model import ModelSpec
+from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+
+# ---- byte sizes and fixed reserves: the one place for memory constants --------------------------
+ACTIVATION_BYTES = 2.0  # 16-bit stored activations (Korthikanti 2022 §4: fp16 activations)
+DROPOUT_MASK_BYTES = 1.0  # one byte per mask element (Korthikanti 2022 §4.1)
+SOFTMAX_LSE_BYTES = 4.0  # FlashAttention saves an fp32 log-sum-exp per query and head for backward
+TOKEN_ID_BYTES = 8.0  # int64 token ids: Megatron theoretical_memory_usage.py "8 * s * b * p"
+LOGITS_BYTES = 4.0  # fp32 logits / CE inputs: Megatron theoretical_memory_usage.py 4*s*b*h*(1 + V/h)
+ROUTER_PROB_BYTES = 4.0  # fp32 router softmax per token and expert (Megatron-Core router computes in fp32)
+WEIGHT_BYTES = 2.0  # bf16/fp16 model weights
+FP8_WEIGHT_CACHE_BYTES = 2.0  # fp8 weight + fp8 transpose per matmul parameter (see module docstring)
+MAIN_GRAD_BYTES = 4.0  # fp32 main gradients (Megatron accumulate_allreduce_grads_in_fp32, formulas.md 4.3)
+ADAM_STATE_BYTES = 12.0  # fp32 master weight + m + v (ZeRO arXiv 1910.02054 §3.1; formulas.md 4.3)
+SGD_STATE_BYTES = 4.0  # fp32 master weight only: plain SGD keeps no m, v
+# NCCL communicator buffers: aiconfigurator system YAMLs reserve 342-392 MB for TP 2-8 (formulas.md,
+# Serving/Memory); we take the upper end for any multi-GPU job.
+NCCL_BUFFER_BYTES = 392 * MB
+# cuBLASLt workspace: 32 MiB, the cuBLAS API reference's recommendation for Hopper that PyTorch adopted
+# (pytorch/pytorch PR #120925); larger than the 4 MiB recommended before Hopper, so an upper bound.
+CUBLAS_WORKSPACE_BYTES = 32 * MiB
+# CUDA context, library handles and caching-allocator slack: aiconfigurator's fixed 3.5 GB "other"
+# reserve per GPU (formulas.md, Serving/Memory). Sourced from serving; applied to training as is.
+RUNTIME_RESERVE_BYTES = 3.5 * GB
+
+DEFAULT_GPUS_PER_NODE = 8  # DGX/HGX nodes; HSDP shards inside a node of this many GPUs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Peak bytes on one GPU of pipeline stage ``stage`` (any rank of its tp x cp x dp group, by symmetry)."""
+
+    stage: int
+    weights_bytes: float  # weights (16-bit, + fp8 caches) resident on the GPU, after ZeRO-3 sharding
+    gradients_bytes: float  # fp32 main gradients on the GPU
+    optimizer_bytes: float  # master weights and optimizer moments on the GPU
+    activations_bytes: float  # peak stored activations (schedule-dependent in-flight micro-batches)
+    other_bytes: float  # NCCL buffers, cuBLAS workspace, runtime reserve, logits/loss, recompute and
+    # ZeRO-3/offload gathered-layer working buffers
+    capacity_bytes: float  # HBM of the GPU
+    cpu_offload_bytes: float  # model-state bytes moved to CPU DRAM by offload
+    nvme_offload_bytes: float  # model-state bytes moved to NVMe by offload
+
+    @property
+    def model_state_bytes(self) -> float:
+        """Weights + gradients + optimizer states on the GPU."""
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Everything on the GPU at the peak."""
+        return self.model_state_bytes + self.activations_bytes + self.other_bytes
+
+    @property
+    def fits_in_memory(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+    @property
+    def shortfall_bytes(self) -> float:
+        """Bytes over capacity; 0.0 when it fits."""
+        return max(0.0, self.total_bytes - self.capacity_bytes)
+
+
+# ---- activations ---------------------------------------------------------------------------------
+def _layer_activation_parts(
+    model: ModelSpec, plan: ParallelPlan, job: TrainingJob, *, moe: bool, flash_attention: bool, dropout: bool
+) -> tuple[float, float, float]:
+    """(stored with no recompute, attention-core part of it, layer input) in bytes, one micro-batch, one rank.
+
+    Notation: s local sequence (seq_len / cp), b micro-batch, h hidden, t tp. Korthikanti 2022 Table 2
+    for a GPT layer: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallel the 10 s b h of
+    replicated tensors (norm inputs, QKV and fc1 inputs, dropout masks) is also divided by t.
+    """
+    t = plan.tp
+    s = job.seq_len / plan.cp
+    b = job.micro_batch
+    h = model.hidden
+    tokens = s * b
+    a = ACTIVATION_BYTES
+    mask = DROPOUT_MASK_BYTES if dropout else 0.0
+    # kv heads are replicated when tp exceeds them (Megatron GQA), so each rank holds at least one
+    kv_heads_rank = max(model.kv_heads / t, 1.0)
+
+    # replicated across TP unless sequence parallel (the "10" of Korthikanti's TP formula)
+    norms = 1 if model.parallel_block else 2
+    replicated = norms * a * tokens * h  # inputs of the layer norms
+    replicated += a * tokens * h  # QKV-projection input
+    if not model.parallel_block:
+        replicated += a * tokens * h  # fc1 / router input (parallel blocks share the QKV input)
+    replicated += 2 * mask * tokens * h  # dropout masks after attention and after the MLP
+
+    # split across TP ranks (the "24" of Korthikanti's TP formula for a 4h GeLU MLP)
+    if model.is_mla:
+        qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
+        latents = a * tokens * (2 * model.kv_lora_rank + model.qk_rope_head_dim)  # down output + its norm output
+        if model.q_lora_rank:
+            latents += 2 * a * tokens * model.q_lora_rank
+        replicated += latents  # MLA down-projections are duplicated across TP ranks in Megatron-Core
+        q_width = model.heads * qk_head / t
+        k_width = q_width
+        v_width = model.heads * model.v_head_dim / t
+        out_width = v_width
+    else:
+        q_width = model.heads * model.head_dim / t
+        k_width = v_width = kv_heads_rank * model.head_dim
+        out_width = q_width
+    split = a * tokens * (q_width + k_width + v_width + out_width)  # Q, K (for QK^T), V, out-proj input
+
+    heads_rank = model.heads / t
+    if flash_attention:
+        core = SOFTMAX_LSE_BYTES * heads_rank * tokens  # scores never stored; only the fp32 log-sum-exp
+    else:
+        # softmax output (2) + dropout mask (1) + dropout output (2) = Korthikanti's 5 a s^2 b / t;
+        # a query shard attends to all s_full keys under context parallelism
+        per_element = a + (mask + a if dropout else 0.0)
+        core = per_element * heads_rank * tokens * job.seq_len
+
+    def mlp_width_bytes(width: float) -> float:
+        # GeLU/ReLU: activation input and output (2 + 2 bytes per element); SwiGLU: gate, up and their product
+        return (3 if model.gated_mlp else 2) * a * width
+
+    if moe:
+        k = model.experts_per_token
+        # routed tokens on this rank (balanced): permuted input and expert output are hidden-sized and
+        # gathered over TP (not divided by t); intermediates are split by expert TP
+        split += k * tokens * (2 * a * h + mlp_width_bytes(model.expert_ffn_hidden / t))
+        split += model.shared_experts * tokens * mlp_width_bytes(model.expert_ffn_hidden / t)
+        replicated += ROUTER_PROB_BYTES * tokens * model.experts
+    else:
+        split += tokens * mlp_width_bytes(model.ffn_hidden / t)
+
+    if plan.sequence_parallel:
+        replicated /= t
+    layer_input = a * tokens * h / (t if plan.sequence_parallel else 1)
+    return replicated + split + core, core, layer_input
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    job: TrainingJob,
+    *,
+    flash_attention: bool = True,
+    dropout: bool = True,
+    moe_layer: bool | None = None,
+) -> float:
+    """Stored activation bytes of one transformer layer for one micro-batch on one rank.
+
+    ``recompute``: none stores everything; selective drops the attention core (scores, softmax,
+    dropout, or FlashAttention's log-sum-exp); full keeps only the layer input (2 s b h, / t with
+    sequence parallel). ``dropout`` keeps Korthikanti's/Megatron's 1-byte masks (default, as their
+    accounting); pass False for dropout-free recipes. ``moe_layer`` None = an MoE layer for MoE models.
+    """
+    moe = model.is_moe if moe_layer is None else moe_layer
+    full, core, layer_input = _layer_activation_parts(
+        model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout
+    )
+    if plan.recompute == "full":
+        return layer_input
+    if plan.recompute == "selective":
+        return full - core
+    return full
+
+
+def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the whole stage's layers.
+
+    gpipe: all m. 1f1b and zb-h1 (same peak as 1F1B, Qi et al. 2023 "Zero Bubble Pipeline
+    Parallelism" ZB-H1): min(pp - stage, m). interleaved with v chunks: Megatron's warm-up of
+    (pp - stage - 1) * 2 + (v - 1) * pp chunk-forwards plus one, capped at m * v, divided by v; on
+    stage 0 this is pp * (1 + (pp - 1)/(pp v)), Narayanan et al. 2021's interleave penalty.
+    """
+    if not 0 <= stage < plan.pp:
+        raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
+    if num_microbatches < 1:
+        raise ValueError(f"num_microbatches = {num_microbatches} must be >= 1")
+    m = num_microbatches
+    if plan.schedule == "gpipe":
+        return float(m)
+    v = plan.virtual_stages
+    if plan.schedule == "interleaved" and v > 1:
+        chunk_forwards = (plan.pp - stage - 1) * 2 + (v - 1) * plan.pp + 1
+        return min(chunk_forwards, m * v) / v
+    return float(min(plan.pp - stage, m))
+
+
+# ---- parameters ----------------------------------------------------------------------------------
+def _attention_parameters_per_rank(model: ModelSpec, t: int) -> float:
+    """Attention projections on one TP rank; K/V projections replicate when kv_heads < tp."""
+    total = model.attention_parameters()
+    if model.is_mla or model.kv_heads >= t:
+        return total / t
+    kv = 2 * model.hidden * model.kv_heads * model.head_dim + (2 * model.kv_heads * model.head_dim if model.bias else 0)
+    return (total - kv) / t + kv / model.kv_heads  # one KV head per rank
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerParams:
+    dense: float  # per rank, sharded by data parallel over dp x cp
+    expert: float  # per rank, sharded over dp x cp / ep
+    matmul: float  # matmul weights per rank (for fp8 caches)
+
+
+def _layer_params(model: ModelSpec, plan: ParallelPlan, moe: bool) -> _LayerParams:
+    t = plan.tp
+    attention = _attention_parameters_per_rank(model, t)
+    norms = (1 if model.parallel_block else 2) * model.norm_parameters()  # replicated over TP
+    if moe:
+        router = model.hidden * model.experts  # replicated over TP (Megatron-Core router)
+        shared = model.shared_experts * model.mlp_parameters(model.expert_ffn_hidden) / t
+        routed = model.experts * model.mlp_parameters(model.expert_ffn_hidden) / (plan.ep * t)
+        return _LayerParams(dense=attention + norms + router + shared, expert=routed, matmul=attention + shared + routed)
+    mlp = model.mlp_parameters(model.ffn_hidden) / t
+    return _LayerParams(dense=attention + norms + mlp, expert=0.0, matmul=attention + mlp)
+
+
+def _stage_layer_kinds(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
+    """(dense, MoE) transformer layers on ``stage``; chunk c runs on stage c % pp, and the first
+    ``model.dense_layers`` layers of an MoE model are dense."""
+    counts = stage_layer_counts(model.layers, plan)
+    dense = moe = 0
+    start = 0
+    for chunk, count in enumerate(counts):
+        if chunk % plan.pp == stage:
+            in_moe = max(0, start + count - max(start, model.dense_layers)) if model.is_moe else 0
+            moe += in_moe
+            dense += count - in_moe
+        start += count
+    return dense, moe
+
+
+def _shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
+    """(dense, expert) data-parallel shard degrees for ZeRO.
+
+    Megatron rank order puts tp fastest, then cp x dp, so a node of ``gpus_per_node`` GPUs holds
+    gpus_per_node // tp ranks of the dp x cp group; HSDP shards over those (the gcd keeps it a divisor).
+    """
+    dense = plan.dp * plan.cp
+    expert = dense // plan.ep
+    if plan.hsdp:
+        in_node = max(1, gpus_per_node // plan.tp)
+        return math.gcd(dense, in_node), math.gcd(expert, in_node)
+    return dense, expert
+
+
+# ---- the stage breakdown -------------------------------------------------------------------------
+def stage_memory(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    job: TrainingJob,
+    *,
+    capacity_bytes: float,
+    stage: int,
+    flash_attention: bool = True,
+    dropout: bool = True,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+) -> MemoryBreakdown:
+    """Peak memory of one GPU of pipeline stage ``stage``; see the module docstring for conventions.
+
+    ``gpus_per_node`` only matters for HSDP (sharding group = the dp x cp ranks inside one node).
+    Raises InvalidPlanError when global_batch is not divisible by dp x micro_batch.
+    """
+    if not capacity_bytes > 0:
+        raise ValueError(f"capacity_bytes = {capacity_bytes!r} must be > 0")
+    if not 0 <= stage < plan.pp:
+        raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node = {gpus_per_node!r} must be >= 1")
+    first, last = stage == 0, stage == plan.pp - 1
+    t = plan.tp
+
+    # parameters on this rank: its layers, the input embedding on the first stage, the LM head on the
+    # last (a tied embedding is kept on both ends when pp > 1, as Megatron does)
+    dense_layers, moe_layers = _stage_layer_kinds(model, plan, stage)
+    dense = expert = matmul = largest_layer = 0.0
+    for count, moe in ((dense_layers, False), (moe_layers, True)):
+        if count:
+            p = _layer_params(model, plan, moe)
+            dense, expert, matmul = dense + count * p.dense, expert + count * p.expert, matmul + count * p.matmul
+            largest_layer = max(largest_layer, p.dense + p.expert)
+    table = model.vocab * model.hidden / t  # vocab-parallel embedding / LM head
+    if first:
+        dense += table + (model.max_seq_len * model.hidden if model.position == "learned" else 0)
+        largest_layer = max(largest_layer, table)
+    if last:
+        dense += model.norm_parameters()
+        if not model.tied_embeddings or plan.pp > 1:
+            dense += table
+            largest_layer = max(largest_layer, table)
+
+    # model-state bytes per rank before sharding
+    weight_bytes = WEIGHT_BYTES * (dense + expert) + (FP8_WEIGHT_CACHE_BYTES * matmul if job.precision == "fp8" else 0.0)
+    state_per_param = ADAM_STATE_BYTES if job.optimizer == "adam" else SGD_STATE_BYTES
+    dense_shard, expert_shard = _shard_degrees(plan, gpus_per_node)
+
+    def sharded(bytes_per_param: float) -> float:
+        return bytes_per_param * (dense / dense_shard + expert / expert_shard)
+
+    unsharded_grads = MAIN_GRAD_BYTES * (dense + expert)
+    unsharded_states = state_per_param * (dense + expert)
+    params = dense + expert
+    shard_fraction = (dense / dense_shard + expert / expert_shard) / params if params else 1.0
+    weights = weight_bytes * shard_fraction if plan.zero == 3 else weight_bytes
+    gradients = sharded(MAIN_GRAD_BYTES) if plan.zero >= 2 else unsharded_grads
+    optimizer = sharded(state_per_param) if plan.zero >= 1 else unsharded_states
+
+    # one layer gathered in full (weights + its unsharded gradient) while it runs: ZeRO-3 / parameter
+    # offload (DeepSpeed estimate_zero3_model_states_mem_needs: 4 x largest layer params in fp16)
+    gathered_layer = (WEIGHT_BYTES + MAIN_GRAD_BYTES) * largest_layer
+    working_buffer = gathered_layer if plan.zero == 3 else 0.0
+
+    # offload (ZeRO-Offload arXiv 2101.06840: optimizer states and fp32 gradients on the CPU;
+    # ZeRO-Infinity arXiv 2104.07857: parameters and optimizer states on NVMe)
+    cpu = nvme = 0.0
+    if plan.offload == "optimizer":
+        cpu, gradients, optimizer = gradients + optimizer, 0.0, 0.0
+    elif plan.offload == "optimizer+params":
+        cpu, weights, gradients, optimizer = weights + gradients + optimizer, 0.0, 0.0, 0.0
+        working_buffer = gathered_layer
+    elif plan.offload == "nvme":
+        # gradients are staged in CPU DRAM for the optimizer step that swaps states in from NVMe
+        cpu, nvme, weights, gradients, optimizer = gradients, weights + optimizer, 0.0, 0.0, 0.0
+        working_buffer = gathered_layer
+
+    # activations: stored per layer x micro-batches in flight (Korthikanti 2022 Eq. 5-6, Narayanan 2021)
+    m = job.num_microbatches(plan.dp)
+    inflight = inflight_microbatches(plan, m, stage)
+    per_kind = {
+        moe: _layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
+        for moe, count in ((False, dense_layers), (True, moe_layers))
+        if count
+    }
+    def stored(parts: tuple[float, float, float]) -> float:
+        full, core, layer_input = parts
+        return layer_input if plan.recompute == "full" else full - core if plan.recompute == "selective" else full
+
+    activations = inflight * sum(
+        (moe_layers if moe else dense_layers) * stored(parts) for moe, parts in per_kind.items()
+    )
+    tokens = job.seq_len / plan.cp * job.micro_batch
+    sp = t if plan.sequence_parallel else 1
+    if first:
+        # Megatron theoretical_memory_usage.py: token ids (8 s b) and the embedding dropout mask (s b h)
+        mask = DROPOUT_MASK_BYTES if dropout else 0.0
+        activations += inflight * tokens * (TOKEN_ID_BYTES + mask * model.hidden / sp)
+
+    # recompute working set: the part of one layer re-materialised during its backward
+    recompute_working = 0.0
+    if per_kind and plan.recompute != "none":
+        parts = per_kind[moe_layers > 0]
+        recompute_working = parts[1] if plan.recompute == "selective" else parts[0] - parts[2]
+
+    # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
+    # held for every micro-batch under gpipe, for one under the 1F1B family
+    logits = 0.0
+    if last:
+        live = m if plan.schedule == "gpipe" else 1
+        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
+
+    reserves = CUBLAS_WORKSPACE_BYTES + RUNTIME_RESERVE_BYTES + (NCCL_BUFFER_BYTES if plan.world_size > 1 else 0.0)
+    return MemoryBreakdown(
+        stage=stage,
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        other_bytes=reserves + logits + recompute_working + working_buffer,
+        capacity_bytes=float(capacity_bytes),
+        cpu_offload_bytes=cpu,
+        nvme_offload_bytes=nvme,
+    )
+
+
+def memory_per_stage(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    job: TrainingJob,
+    *,
+    capacity_bytes: float,
+    flash_attention: bool = True,
+    dropout: bool = True,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+) -> tuple[MemoryBreakdown, ...]:
+    """``stage_memory`` for every pipeline stage, in order."""
+    return tuple(
+        stage_memory(
+            model,
+            plan,
+            job,
+            capacity_bytes=capacity_bytes,
+            stage=stage,
+            flash_attention=flash_attention,
+            dropout=dropout,
+            gpus_per_node=gpus_per_node,
+        )
+        for stage in range(plan.pp)
+    )

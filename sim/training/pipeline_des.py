@@ -1,0 +1,439 @@
+"""SimPy executor of one training iteration of one data-parallel replica, one simulated rank per stage.
+
+Each pipeline stage runs its program (``sim.training.schedules.stage_program``) as a SimPy process,
+one timeout per op: an op starts when the stage is free and its input has arrived (F of global chunk
+g needs F of chunk g-1, B needs the gradient of chunk g+1), plus FSDP parameter gathers where the
+plan shards parameters. Everything else a stage does is a FIFO server fed only by that stage's own
+compute stream, in time order, so its queue is computed in closed form at enqueue time: this is
+exactly what a ``simpy.Resource(capacity=1)`` would produce, at one event per message instead of a
+process with request, timeout and release events (the 1T benchmark runs ~10^5 ops):
+
+* p2p links: one FIFO per boundary and direction (link i joins stage i and (i+1) % pp); a message of
+  ``send_bytes`` occupies it for ``send_bytes / p2p_bandwidth_Bps + p2p_latency_s``.
+* the data-parallel stream of a stage: FSDP ``param_gather`` and gradient ``grad_sync`` buckets,
+  back to back. While it runs, the stage's compute progresses at rate ``1 / overlap_slowdown``
+  (communication kernels take SMs); p2p sends are not counted as SM-taking kernels.
+
+Rules (documented choices):
+
+* Gradient buckets: the last op in program order that completes each chunk's weight gradients (W,
+  or the fused B+W) is that chunk's final gradient op. ``grad_sync`` buckets are split over these
+  ops in program order (op i of K gets buckets ``i*n//K .. (i+1)*n//K - 1``) and spread evenly over
+  the op's work: bucket q of k is ready at fraction (q+1)/k of the op. The optimizer step of a stage
+  starts when both its compute and its DP stream are done.
+* FSDP gathers (``param_gather[c]`` for local chunk c, each run twice): the forward gather of chunk
+  c is issued when the first F of chunk c-1 starts (chunk 0: at time 0) and the first F of chunk c
+  waits for it; the backward gather of the last chunk is issued when its first F ends, that of
+  chunk c < v-1 when the first B of chunk c+1 starts, and the first B of chunk c waits for it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import simpy
+
+from sim.training.schedules import PipeOp, splits_backward, stage_program
+from sim.training.work import PipelineWork
+
+_AXES_IN_CHUNKS = ("tp", "cp", "ep")
+
+
+class TraceEvent(NamedTuple):
+    """One interval on one stream of one stage (seconds)."""
+
+    stage: int
+    stream: str  # "compute" | "comm-dp" | "p2p"
+    name: str
+    start_s: float
+    end_s: float
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineResult:
+    """One simulated iteration.
+
+    ``bubble_fraction``: with T_pipe = ``pipeline_time_s`` (end of the last compute op on any stage,
+    i.e. the pipeline flush, before the DP/optimizer tail), the mean over stages of
+    (T_pipe - compute busy time) / T_pipe. For uniform stages with no communication this is
+    (p-1)/(m+p-1) for gpipe and 1f1b.
+
+    ``exposed_comm_s``: ``dp`` = the iteration time past max over stages of (compute end + optimizer)
+    (the DP tail) + the critical stage's compute waits on FSDP gathers + its compute lost to the
+    overlap slowdown; ``pp`` = p2p transfer time on the critical path ending at the critical stage's
+    last compute op (time waited on p2p beyond the schedule's own bubbles); ``tp``/``cp``/``ep`` =
+    m x the sum of ``ChunkWork.exposed_comm_s`` over the critical stage's chunks. The critical stage
+    is the one whose optimizer step ends last (lowest index on ties).
+    """
+
+    iteration_time_s: float
+    pipeline_time_s: float  # end of the last compute op (flush), before the DP/optimizer tail
+    stage_end_s: tuple[float, ...]  # end of each stage's optimizer step
+    compute_end_s: tuple[float, ...]  # end of each stage's last compute op
+    compute_busy_s: tuple[float, ...]  # compute-stream busy time per stage
+    bubble_fraction: float
+    exposed_comm_s: dict[str, float]  # tp, cp, ep, dp, pp
+    critical_stage: int
+    peak_activation_bytes: tuple[float, ...]  # per stage, activations held at once (end of F to end of B)
+    peak_inflight_microbatches: tuple[int, ...]  # per stage, (micro-batch, chunk) activations held at once
+    memory_timeline: tuple[tuple[tuple[float, float], ...], ...]  # per stage: (time_s, activation bytes)
+    events: tuple[TraceEvent, ...]  # empty unless run with trace=True
+
+
+class _DpStream:
+    """A stage's data-parallel stream: FIFO kernels, and the compute slowdown while they run."""
+
+    __slots__ = ("free_at", "intervals", "slowdown")
+
+    def __init__(self, slowdown: float) -> None:
+        self.free_at = 0.0
+        self.intervals: deque[tuple[float, float]] = deque()
+        self.slowdown = slowdown
+
+    def enqueue(self, ready_s: float, duration_s: float) -> tuple[float, float]:
+        start = ready_s if ready_s > self.free_at else self.free_at
+        end = start + duration_s
+        self.free_at = end
+        if duration_s > 0.0:
+            self.intervals.append((start, end))
+        return start, end
+
+    def advance(self, t: float, work_s: float) -> float:
+        """End time of ``work_s`` of nominal compute started at ``t`` under the queued DP kernels."""
+        intervals = self.intervals
+        while intervals and intervals[0][1] <= t:
+            intervals.popleft()
+        if not intervals or self.slowdown == 1.0:
+            return t + work_s
+        remaining = work_s
+        for start, end in intervals:
+            if start > t:
+                gap = start - t
+                if remaining <= gap:
+                    return t + remaining
+                remaining -= gap
+                t = start
+            capacity = (end - t) / self.slowdown
+            if remaining <= capacity:
+                return t + remaining * self.slowdown
+            remaining -= capacity
+            t = end
+        return t + remaining
+
+
+def _validate(work: PipelineWork) -> None:
+    pp = work.pp
+    if pp < 1:
+        raise ValueError("PipelineWork.stages is empty; a pipeline needs at least one stage")
+    if work.overlap_slowdown < 1.0:
+        raise ValueError(f"PipelineWork.overlap_slowdown = {work.overlap_slowdown} must be >= 1")
+    for index, stage in enumerate(work.stages):
+        if stage.stage != index:
+            raise ValueError(f"PipelineWork.stages[{index}].stage = {stage.stage}; stages must be in order 0..{pp - 1}")
+        if len(stage.chunks) != work.virtual_stages:
+            raise ValueError(
+                f"PipelineWork.stages[{index}] has {len(stage.chunks)} chunks; "
+                f"virtual_stages = {work.virtual_stages} requires that many"
+            )
+        if stage.param_gather and len(stage.param_gather) != work.virtual_stages:
+            raise ValueError(
+                f"PipelineWork.stages[{index}].param_gather has {len(stage.param_gather)} entries; "
+                f"expected 0 or virtual_stages = {work.virtual_stages}"
+            )
+    links_needed = pp if (work.virtual_stages > 1 and pp > 1) else pp - 1
+    for name in ("p2p_bandwidth_Bps", "p2p_latency_s"):
+        if len(getattr(work, name)) < links_needed:
+            raise ValueError(f"PipelineWork.{name} has {len(getattr(work, name))} entries; {links_needed} links are used")
+    for i in range(links_needed):
+        if not work.p2p_bandwidth_Bps[i] > 0.0:
+            raise ValueError(f"PipelineWork.p2p_bandwidth_Bps[{i}] = {work.p2p_bandwidth_Bps[i]} must be > 0")
+        if work.p2p_latency_s[i] < 0.0:
+            raise ValueError(f"PipelineWork.p2p_latency_s[{i}] = {work.p2p_latency_s[i]} must be >= 0")
+
+
+# Compiled op fields (a tuple per op, indexed by these positions for speed).
+_KIND, _MB, _CHUNK, _WORK, _B_SHARE, _DEP, _SEND, _BUCKETS, _GATHER_WAIT, _GATHER_ISSUE, _GATHER_AFTER = range(11)
+_KIND_F, _KIND_B, _KIND_W, _KIND_BW = 0, 1, 2, 3
+
+
+def _compile_stage(work: PipelineWork, s: int, program: tuple[PipeOp, ...]) -> list[tuple[Any, ...]]:
+    """Turn a stage program into executable records: durations, dependency slots, sends, buckets."""
+    pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
+    nglobal = pp * v
+    chunks = work.stages[s].chunks
+    split = splits_backward(work.schedule)
+    fsdp = bool(work.stages[s].param_gather)
+
+    # Fuse each B with the W that immediately follows it unless the schedule splits the backward.
+    merged: list[tuple[int, int, int]] = []  # (kind, microbatch, chunk)
+    i = 0
+    while i < len(program):
+        op = program[i]
+        if op.kind == "F":
+            merged.append((_KIND_F, op.microbatch, op.chunk))
+        elif op.kind == "B":
+            nxt = program[i + 1] if i + 1 < len(program) else None
+            fuse = (
+                not split
+                and nxt is not None
+                and nxt.kind == "W"
+                and nxt.microbatch == op.microbatch
+                and nxt.chunk == op.chunk
+            )
+            merged.append((_KIND_BW if fuse else _KIND_B, op.microbatch, op.chunk))
+            i += 1 if fuse else 0
+        else:
+            merged.append((_KIND_W, op.microbatch, op.chunk))
+        i += 1
+
+    # Final gradient op of each chunk (last op in program order that does W work for it).
+    final_index: dict[int, int] = {}
+    for index, (kind, _mb, chunk) in enumerate(merged):
+        if kind in (_KIND_W, _KIND_BW):
+            final_index[chunk] = index
+    finals = sorted(final_index.values())
+    buckets = work.stages[s].grad_sync
+    bucket_plan: dict[int, tuple[tuple[float, int], ...]] = {}
+    for k, index in enumerate(finals):
+        lo, hi = k * len(buckets) // len(finals), (k + 1) * len(buckets) // len(finals)
+        count = hi - lo
+        if count:
+            bucket_plan[index] = tuple(((q + 1) / count, lo + q) for q in range(count))
+
+    first_f: dict[int, int] = {}
+    first_b: dict[int, int] = {}
+    for index, (kind, _mb, chunk) in enumerate(merged):
+        if kind == _KIND_F:
+            first_f.setdefault(chunk, index)
+        elif kind in (_KIND_B, _KIND_BW):
+            first_b.setdefault(chunk, index)
+
+    compiled: list[tuple[Any, ...]] = []
+    for index, (kind, mb, chunk) in enumerate(merged):
+        cw = chunks[chunk]
+        g = chunk * pp + s
+        dep = -1
+        send = None
+        gather_wait = gather_issue = gather_after = None
+        if kind == _KIND_F:
+            duration, b_share = cw.forward_s, 0.0
+            if g > 0:
+                dep = (g * m + mb) * 2
+            if g < nglobal - 1:
+                link = s if (g + 1) % pp != s else -1  # -1: the next chunk is local (pp == 1)
+                send = (0, link, ((g + 1) * m + mb) * 2, cw.send_bytes, (g + 1) % pp)
+            if fsdp and first_f[chunk] == index:
+                gather_wait = ("f", chunk)
+                if chunk + 1 < v:
+                    gather_issue = ("f", chunk + 1)
+                if chunk == v - 1:
+                    gather_after = ("b", chunk)
+        elif kind == _KIND_W:
+            duration, b_share = cw.backward_weight_s, 0.0
+        else:
+            duration = cw.backward_input_s + (cw.backward_weight_s if kind == _KIND_BW else 0.0)
+            b_share = cw.backward_input_s / duration if duration > 0.0 else 1.0
+            if g < nglobal - 1:
+                dep = (g * m + mb) * 2 + 1
+            if g > 0:
+                link = (s - 1) % pp if (g - 1) % pp != s else -1
+                send = (1, link, ((g - 1) * m + mb) * 2 + 1, cw.send_bytes, (g - 1) % pp)
+            if fsdp and first_b[chunk] == index:
+                gather_wait = ("b", chunk)
+                if chunk > 0:
+                    gather_issue = ("b", chunk - 1)
+        compiled.append(
+            (kind, mb, chunk, duration, b_share, dep, send, bucket_plan.get(index), gather_wait, gather_issue, gather_after)
+        )
+    return compiled
+
+
+_NAMES = {_KIND_F: "F", _KIND_B: "B", _KIND_W: "W", _KIND_BW: "B"}
+
+
+def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
+    """Simulate one iteration of ``work`` event by event; see ``PipelineResult`` for the metrics."""
+    _validate(work)
+    pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
+    programs = [stage_program(work.schedule, pp, s, m, v) for s in range(pp)]
+    compiled = [_compile_stage(work, s, programs[s]) for s in range(pp)]
+
+    env = simpy.Environment()
+    arrivals: list[tuple[float, float, float] | None] = [None] * (2 * pp * v * m)
+    waiting: dict[int, simpy.Event] = {}
+    link_free = [[0.0] * pp, [0.0] * pp]  # [direction][link]: 0 = forward (s -> s+1), 1 = backward
+    link_time = [
+        [work.p2p_latency_s[i] if i < len(work.p2p_latency_s) else 0.0 for i in range(pp)],
+        [work.p2p_bandwidth_Bps[i] if i < len(work.p2p_bandwidth_Bps) else 0.0 for i in range(pp)],
+    ]
+    events: list[TraceEvent] = []
+    streams = [_DpStream(work.overlap_slowdown) for _ in range(pp)]
+    busy = [0.0] * pp
+    compute_end = [0.0] * pp
+    slow_extra = [0.0] * pp
+    gather_waits = [0.0] * pp
+    acc_pp_end = [0.0] * pp
+    peak_bytes = [0.0] * pp
+    peak_inflight = [0] * pp
+    timelines: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in range(pp)]
+    finished = [False] * pp
+
+    def dp_kernel(s: int, ready_s: float, duration_s: float, name: str, axis: str) -> float:
+        start, end = streams[s].enqueue(ready_s, duration_s)
+        if trace:
+            events.append(TraceEvent(s, "comm-dp", name, start, end, {"axis": axis}))
+        return end
+
+    def stage_process(s: int):  # type: ignore[no-untyped-def]
+        ops = compiled[s]
+        stream = streams[s]
+        stage_work = work.stages[s]
+        chunks = stage_work.chunks
+        gathers = stage_work.param_gather
+        gather_done: dict[tuple[str, int], float] = {}
+        if gathers:
+            g0 = gathers[0]
+            gather_done[("f", 0)] = dp_kernel(s, 0.0, g0.duration_s, "param_gather c0 fwd", g0.axis)
+        held_bytes = 0.0
+        held = 0
+        acc_prev = 0.0
+        free_t = 0.0
+        timeline = timelines[s]
+        for op in ops:
+            kind = op[_KIND]
+            start = free_t
+            acc = acc_prev
+            dep = op[_DEP]
+            if dep >= 0:
+                entry = arrivals[dep]
+                if entry is None:
+                    event = env.event()
+                    waiting[dep] = event
+                    entry = yield event
+                arrival, produced, acc_in = entry
+                if arrival > start:
+                    start = arrival
+                    acc = acc_in + (arrival - produced)
+            gather_wait = op[_GATHER_WAIT]
+            if gather_wait is not None:
+                ready = gather_done[gather_wait]
+                if ready > start:
+                    gather_waits[s] += ready - start
+                    start = ready
+            if op[_GATHER_ISSUE] is not None:
+                direction, chunk = op[_GATHER_ISSUE]
+                gw = gathers[chunk]
+                gather_done[(direction, chunk)] = dp_kernel(
+                    s, start, gw.duration_s, f"param_gather c{chunk} {'fwd' if direction == 'f' else 'bwd'}", gw.axis
+                )
+            duration = op[_WORK]
+            plan = op[_BUCKETS]
+            if plan is None:
+                end = stream.advance(start, duration)
+            else:
+                t, done = start, 0.0
+                for fraction, bucket in plan:
+                    point = fraction * duration
+                    t = stream.advance(t, point - done)
+                    done = point
+                    comm = stage_work.grad_sync[bucket]
+                    dp_kernel(s, t, comm.duration_s, f"grad_sync bucket {bucket}", comm.axis)
+                end = t
+            now = env.now
+            if end > now:
+                yield env.timeout(end - now)
+            busy[s] += end - start
+            slow_extra[s] += (end - start) - duration
+            mb, chunk = op[_MB], op[_CHUNK]
+            b_end = end
+            if kind == _KIND_F:
+                held_bytes += chunks[chunk].activation_bytes
+                held += 1
+                if held_bytes > peak_bytes[s]:
+                    peak_bytes[s] = held_bytes
+                if held > peak_inflight[s]:
+                    peak_inflight[s] = held
+                timeline.append((end, held_bytes))
+                if op[_GATHER_AFTER] is not None:
+                    gb = gathers[chunk]
+                    gather_done[op[_GATHER_AFTER]] = dp_kernel(s, end, gb.duration_s, f"param_gather c{chunk} bwd", gb.axis)
+            elif kind != _KIND_W:
+                b_end = start + (end - start) * op[_B_SHARE]
+                held_bytes -= chunks[chunk].activation_bytes
+                held -= 1
+                timeline.append((b_end, held_bytes))
+            if trace:
+                label = f"{_NAMES[kind]}{mb}" if v == 1 else f"{_NAMES[kind]}{mb}.c{chunk}"
+                args = {"kind": _NAMES[kind], "microbatch": mb, "chunk": chunk}
+                events.append(TraceEvent(s, "compute", label, start, b_end, args))
+                if kind == _KIND_BW:
+                    events.append(TraceEvent(s, "compute", f"W{label[1:]}", b_end, end, {**args, "kind": "W"}))
+            send = op[_SEND]
+            if send is not None:
+                direction, link, slot, nbytes, target = send
+                if link < 0:
+                    tx_start = arrival = end
+                else:
+                    tx_start = end if end > link_free[direction][link] else link_free[direction][link]
+                    arrival = tx_start + nbytes / link_time[1][link] + link_time[0][link]
+                    link_free[direction][link] = arrival
+                entry = (arrival, end, acc)
+                arrivals[slot] = entry
+                if trace and link >= 0:
+                    what = "act" if direction == 0 else "grad"
+                    events.append(
+                        TraceEvent(s, "p2p", f"{what} {mb}.c{chunk} -> stage {target}", tx_start, arrival, {"bytes": nbytes})
+                    )
+                waiter = waiting.pop(slot, None)
+                if waiter is not None:
+                    waiter.succeed(entry)
+            free_t = end
+            acc_prev = acc
+        compute_end[s] = free_t
+        acc_pp_end[s] = acc_prev
+        finished[s] = True
+
+    for s in range(pp):
+        env.process(stage_process(s))
+    env.run()
+    stuck = [s for s in range(pp) if not finished[s]]
+    if stuck:
+        raise RuntimeError(f"pipeline deadlock: stages {stuck} did not finish schedule {work.schedule!r}")
+
+    stage_end = []
+    for s in range(pp):
+        opt_start = max(compute_end[s], streams[s].free_at)
+        stage_end.append(opt_start + work.stages[s].optimizer_s)
+        if trace and work.stages[s].optimizer_s > 0.0:
+            events.append(TraceEvent(s, "compute", "optimizer", opt_start, stage_end[s], {"kind": "optimizer"}))
+    iteration = max(stage_end)
+    critical = stage_end.index(iteration)
+    pipeline_time = max(compute_end)
+    bubble = (
+        sum((pipeline_time - b) / pipeline_time for b in busy) / pp if pipeline_time > 0.0 else 0.0
+    )
+    no_dp_end = max(compute_end[s] + work.stages[s].optimizer_s for s in range(pp))
+    exposed = {axis: 0.0 for axis in (*_AXES_IN_CHUNKS, "dp", "pp")}
+    for chunk in work.stages[critical].chunks:
+        for axis in _AXES_IN_CHUNKS:
+            exposed[axis] += m * chunk.exposed_comm_s.get(axis, 0.0)
+    # clamp: the tail and the slowdown are differences of sums of floats (rounding can go below 0)
+    exposed["dp"] = max(0.0, iteration - no_dp_end) + gather_waits[critical] + max(0.0, slow_extra[critical])
+    exposed["pp"] = acc_pp_end[critical]
+    return PipelineResult(
+        iteration_time_s=iteration,
+        pipeline_time_s=pipeline_time,
+        stage_end_s=tuple(stage_end),
+        compute_end_s=tuple(compute_end),
+        compute_busy_s=tuple(busy),
+        bubble_fraction=bubble,
+        exposed_comm_s=exposed,
+        critical_stage=critical,
+        peak_activation_bytes=tuple(peak_bytes),
+        peak_inflight_microbatches=tuple(peak_inflight),
+        memory_timeline=tuple(tuple(t) for t in timelines),
+        events=tuple(events),
+    )

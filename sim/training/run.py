@@ -1,0 +1,213 @@
+"""One training simulation: config -> priced pipeline -> analytic or DES -> metrics and outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from hardware import units
+from sim import costmodel
+from sim.errors import ConfigError
+from sim.runner import RunOptions
+from sim.training.analytic import PipelineEstimate, analytic_iteration
+from sim.training.config import TrainingSetup, parse_training
+from sim.training.costs import IterationWork, build_iteration, group_links, layer_passes
+from sim.training.memory import MemoryBreakdown, memory_per_stage
+
+AXES = ("tp", "pp", "dp", "cp", "ep")
+
+
+def model_flops_per_iteration(setup: TrainingSetup) -> float:
+    """Forward + backward matmul FLOPs without recompute (3 x forward), INTERFACE.md's convention:
+    Narayanan et al. 2021 Eq. 3 without the recompute pass, i.e. 72 B s L h^2 (1 + s/6h + V/12hL)
+    for GPT; GQA, SwiGLU and MoE top-k through ``ModelSpec.forward_flops_per_token``."""
+    job = setup.job
+    return 3.0 * setup.model.forward_flops_per_token(job.seq_len) * job.global_batch * job.seq_len
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingResult:
+    setup: TrainingSetup
+    work: IterationWork
+    estimate: PipelineEstimate
+    memory: tuple[MemoryBreakdown, ...]
+    fidelity: str
+    events: tuple[Any, ...] = ()
+    memory_timeline: tuple[Any, ...] = ()
+
+    # ---- metrics -----------------------------------------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        setup, estimate = self.setup, self.estimate
+        job, plan = setup.job, setup.plan
+        gpus = setup.cluster.num_gpus
+        seconds = estimate.iteration_time_s
+        tokens = job.global_batch * job.seq_len
+        model_flops = model_flops_per_iteration(setup)
+        recompute_flops = self.work.recompute_flops_per_replica * plan.dp
+        peak = setup.cluster.gpu.peak(job.precision)
+        worst = max(self.memory, key=lambda b: b.total_bytes)
+        return {
+            "iteration_time_s": seconds,
+            "tokens_per_s": tokens / seconds,
+            "tokens_per_s_per_gpu": tokens / seconds / gpus,
+            "model_flops_per_s_per_gpu": model_flops / seconds / gpus,
+            "mfu": model_flops / (seconds * gpus * peak),
+            "hfu": (model_flops + recompute_flops) / (seconds * gpus * peak),
+            "bubble_fraction": estimate.bubble_fraction,
+            "exposed_communication_s": {axis: estimate.exposed_comm_s.get(axis, 0.0) for axis in AXES},
+            "peak_memory_bytes": worst.total_bytes,
+            "memory_bytes": {
+                "weights": worst.weights_bytes,
+                "gradients": worst.gradients_bytes,
+                "optimizer": worst.optimizer_bytes,
+                "activations": worst.activations_bytes,
+                "other": worst.other_bytes,
+            },
+            "fits_in_memory": all(b.fits_in_memory for b in self.memory),
+            "memory_shortfall_bytes": max(b.shortfall_bytes for b in self.memory),
+            "offloaded_bytes": {"cpu": worst.cpu_offload_bytes, "nvme": worst.nvme_offload_bytes},
+            "num_microbatches": setup.num_microbatches,
+            "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
+            "fidelity": self.fidelity,
+        }
+
+    def sweep_metrics(self) -> list[str]:
+        return ["iteration_time_s", "mfu", "bubble_fraction", "peak_memory_bytes"]
+
+    # ---- human table ----------------------------------------------------------------------------
+    def table(self) -> str:
+        m = self.metrics()
+        setup = self.setup
+        plan = setup.plan
+        lines = [
+            f"model {setup.model.name} on {setup.cluster.num_gpus} x {setup.cluster.gpu.name} "
+            f"({setup.cluster.node.name}, {setup.cluster.network.name})",
+            f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}  zero {plan.zero}  "
+            f"schedule {plan.schedule}{f' (v={plan.virtual_stages})' if plan.virtual_stages > 1 else ''}  "
+            f"recompute {plan.recompute}  micro-batches {m['num_microbatches']}  fidelity {m['fidelity']}",
+            "",
+            f"iteration time        {m['iteration_time_s']:.4f} s",
+            f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU)",
+            f"model TFLOP/s per GPU {m['model_flops_per_s_per_gpu'] / units.TFLOPS:.1f}",
+            f"MFU / HFU             {m['mfu']:.1%} / {m['hfu']:.1%}",
+            f"bubble fraction       {m['bubble_fraction']:.1%}",
+            "exposed comm (s)      " + "  ".join(f"{a} {m['exposed_communication_s'][a]:.4f}" for a in AXES),
+            "",
+            "memory per GPU (GiB)  stage  weights  grads  optim  activ  other  total / capacity",
+        ]
+        for b in self.memory:
+            lines.append(
+                f"                      {b.stage:>5}  {b.weights_bytes / units.GiB:7.2f} {b.gradients_bytes / units.GiB:6.2f} "
+                f"{b.optimizer_bytes / units.GiB:6.2f} {b.activations_bytes / units.GiB:6.2f} {b.other_bytes / units.GiB:6.2f}  "
+                f"{b.total_bytes / units.GiB:6.2f} / {b.capacity_bytes / units.GiB:.0f}"
+                + ("" if b.fits_in_memory else f"  DOES NOT FIT: short {b.shortfall_bytes / units.GiB:.2f} GiB")
+            )
+        return "\n".join(lines)
+
+    # ---- files ----------------------------------------------------------------------------------
+    def stage_frame(self) -> pd.DataFrame:
+        rows = []
+        for stage, breakdown in zip(self.work.pipeline.stages, self.memory):
+            rows.append(
+                {
+                    "stage": stage.stage,
+                    "layers": sum(c.layers for c in stage.chunks),
+                    "forward_s_per_microbatch": sum(c.forward_s for c in stage.chunks),
+                    "backward_input_s_per_microbatch": sum(c.backward_input_s for c in stage.chunks),
+                    "backward_weight_s_per_microbatch": sum(c.backward_weight_s for c in stage.chunks),
+                    "busy_s": self.estimate.stage_busy_s[stage.stage],
+                    "grad_sync_s": sum(c.duration_s for c in stage.grad_sync),
+                    "optimizer_s": stage.optimizer_s,
+                    "weights_bytes": breakdown.weights_bytes,
+                    "gradients_bytes": breakdown.gradients_bytes,
+                    "optimizer_bytes": breakdown.optimizer_bytes,
+                    "activations_bytes": breakdown.activations_bytes,
+                    "other_bytes": breakdown.other_bytes,
+                    "total_bytes": breakdown.total_bytes,
+                    "fits_in_memory": breakdown.fits_in_memory,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def op_frame(self) -> pd.DataFrame:
+        """Every op of one layer (dense and, for MoE models, MoE) with its pass, seconds and FLOPs."""
+        setup = self.setup
+        links = group_links(setup, 0)
+        kinds = [False] + ([True] if setup.model.is_moe else [])
+        rows = []
+        for moe in kinds:
+            for pass_name, ops in zip(("F", "B", "W"), layer_passes(setup, moe)):
+                for op in ops:
+                    rows.append(
+                        {
+                            "layer_kind": "moe" if moe else "dense",
+                            "pass": pass_name,
+                            "op": op.name,
+                            "kind": op.kind,
+                            "axis": op.axis,
+                            "seconds": costmodel.op_time_s(op, setup.cluster.gpu, precision=setup.job.precision, links=links),
+                            "flops": costmodel.op_flops(op),
+                            "message_bytes": op.message_bytes,
+                            "memory_bytes": op.bytes_moved,
+                        }
+                    )
+        return pd.DataFrame(rows)
+
+    def write_outputs(self, out_dir: Path) -> list[Path]:
+        paths = [out_dir / "stages.csv", out_dir / "ops.csv", out_dir / "metrics.json"]
+        self.stage_frame().to_csv(paths[0], index=False)
+        self.op_frame().to_csv(paths[1], index=False)
+        import json
+
+        paths[2].write_text(json.dumps(self.metrics(), indent=2) + "\n")
+        if self.events:
+            from sim.training.trace import plot_pipeline_timeline
+
+            plot = out_dir / "pipeline_timeline.png"
+            plot_pipeline_timeline(self.events, plot, max_microbatches=min(8, self.setup.num_microbatches))
+            paths.append(plot)
+        return paths
+
+    def write_trace(self, path: Path) -> None:
+        if not self.events:
+            raise ConfigError("--trace needs the DES fidelity (--fidelity des)")
+        from sim.training.trace import write_chrome_trace
+
+        write_chrome_trace(path, self.events, self.memory_timeline)
+
+
+def simulate_training(config: Mapping[str, Any], options: RunOptions) -> TrainingResult:
+    """Run one training iteration at the requested fidelity."""
+    setup = parse_training(config)
+    work = build_iteration(setup)
+    memory = memory_per_stage(
+        setup.model, setup.plan, setup.job,
+        capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes,
+        flash_attention=setup.attention_kernel == "flash",
+    )
+    if options.fidelity == "analytic":
+        if options.trace:
+            raise ConfigError("--trace needs the DES fidelity (--fidelity des)")
+        return TrainingResult(setup=setup, work=work, estimate=analytic_iteration(work.pipeline), memory=memory, fidelity="analytic")
+    from sim.training.pipeline_des import run_pipeline
+
+    result = run_pipeline(work.pipeline, trace=options.trace)
+    estimate = PipelineEstimate(
+        iteration_time_s=result.iteration_time_s,
+        pipeline_time_s=result.pipeline_time_s,
+        bubble_fraction=result.bubble_fraction,
+        exposed_comm_s=dict(result.exposed_comm_s),
+        stage_busy_s=tuple(result.compute_busy_s),
+    )
+    return TrainingResult(
+        setup=setup,
+        work=work,
+        estimate=estimate,
+        memory=memory,
+        fidelity="des",
+        events=tuple(result.events),
+        memory_timeline=tuple(result.memory_timeline),
+    )

@@ -1,0 +1,221 @@
+"""Compute cost functions against published microbenchmarks (reference/microbenchmarks.md C1, C3)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hardware import cost
+from hardware.catalog import default_catalog, get_gpu
+from hardware.specs import GpuSpec
+
+
+def _gpu_or_skip(name: str) -> GpuSpec:
+    if name not in default_catalog().gpus:
+        pytest.skip(f"gpu {name} not in the catalog yet")
+    return get_gpu(name)
+
+
+def _kernel_tflops(gpu: GpuSpec, m: int, n: int, k: int) -> float:
+    # mamf-finder brackets each matmul with CUDA events on the stream, so host launch cost is excluded.
+    t = cost.gemm_time_s(gpu, m, n, k, precision="bf16", bytes_per_element=2) - cost.launch_overhead_s(gpu)
+    return 2.0 * m * n * k / t / 1e12
+
+
+# stas00/ml-engineering compute/accelerator/README.md MAMF table (bf16, best shape of the sweep).
+MAMF = [
+    ("a100-sxm-80gb", (1024, 10240, 5120), 271.2),
+    ("h100-sxm-80gb", (2048, 2048, 13312), 794.5),
+    ("b200-sxm-180gb", (1792, 16128, 3072), 1745.0),
+]
+
+
+@pytest.mark.parametrize(("name", "shape", "published_tflops"), MAMF)
+def test_gemm_reproduces_mamf_best_shape(name: str, shape: tuple[int, int, int], published_tflops: float) -> None:
+    gpu = _gpu_or_skip(name)
+    predicted = _kernel_tflops(gpu, *shape)
+    assert predicted == pytest.approx(published_tflops, rel=0.05)  # task threshold: 5 %
+    assert predicted <= published_tflops * 1.0001  # MAMF is the best of a sweep: the model must not beat it
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(1, 40000), n=st.integers(1, 40000), k=st.integers(1, 40000), batch=st.integers(1, 8))
+def test_gemm_never_exceeds_max_achievable(m: int, n: int, k: int, batch: int) -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    t = cost.gemm_time_s(gpu, m, n, k, precision="bf16", bytes_per_element=2, batch=batch)
+    assert 2.0 * m * n * k * batch / t <= gpu.peak("bf16") * gpu.efficiency.gemm
+    assert 0.0 < cost.gemm_efficiency(gpu, m, n, k, batch=batch) <= gpu.efficiency.gemm
+
+
+@pytest.mark.parametrize(("m", "n"), [(4096, 4096), (1024, 10240), (8192, 1024), (300, 5000)])
+def test_gemm_throughput_monotone_in_k(m: int, n: int) -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    previous = 0.0
+    for k in range(256, 32768 + 1, 128):
+        achieved = 2.0 * m * n * k / cost.gemm_time_s(gpu, m, n, k, precision="bf16", bytes_per_element=2)
+        assert achieved >= previous * (1 - 1e-12)
+        previous = achieved
+
+
+@pytest.mark.parametrize("size", [4096, 8192, 16384])
+def test_decode_gemv_is_memory_bound(size: int) -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    bytes_moved = (size + size * size + size) * 2.0
+    roofline = bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory) + cost.launch_overhead_s(gpu)
+    t = cost.gemm_time_s(gpu, 1, size, size, precision="bf16", bytes_per_element=2)
+    assert t == pytest.approx(roofline, rel=0.10)  # task threshold: 10 %
+
+
+def test_wave_quantization_109_tiles_take_twice_108() -> None:
+    a100 = get_gpu("a100-sxm-80gb")
+    assert a100.sm_count == 108
+    # Isolate the compute side: bandwidth x1000 so no shape here is memory-bound.
+    gpu = dataclasses.replace(a100, hbm_bandwidth_Bps=a100.hbm_bandwidth_Bps * 1000)
+    k = 16384
+
+    def kernel_s(tiles: int) -> float:
+        return cost.gemm_time_s(gpu, 128 * tiles, 128, k, precision="bf16", bytes_per_element=2) - cost.launch_overhead_s(gpu)
+
+    # 109 tiles: 2 waves of 108 SMs for 109/108 of the work -> 2x the time.
+    assert kernel_s(109) / kernel_s(108) == pytest.approx(2.0, rel=0.01)
+    eff_108 = cost.gemm_efficiency(gpu, 128 * 108, 128, k)
+    assert eff_108 == pytest.approx(gpu.efficiency.gemm * k / (k + cost.GEMM_K_PROLOGUE), rel=1e-12)
+
+
+def test_tile_quantization_exact() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    k = 8192
+    ramp_full = gpu.efficiency.gemm * k / (k + cost.GEMM_K_PROLOGUE)
+    # 129 x 108*128: 2 row tiles of 128 for 129 rows, 216 tiles = 2 full waves.
+    eff = cost.gemm_efficiency(gpu, 129, 108 * 128, k)
+    assert eff == pytest.approx(ramp_full * 129 / 256, rel=1e-12)
+
+
+def test_gemm_rejects_bad_sizes() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    with pytest.raises(ValueError, match="k = 0"):
+        cost.gemm_time_s(gpu, 16, 16, 0, precision="bf16", bytes_per_element=2)
+    with pytest.raises(KeyError, match="fp8"):
+        cost.gemm_time_s(gpu, 16, 16, 16, precision="fp8", bytes_per_element=1)
+
+
+# --- FlashAttention-2 fwd+bwd, Dao-AILab/flash-attention flash2_{a100,h100}_fwd_bwd_benchmark.png ---
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384)
+FA2_FWD_BWD_TFLOPS = {
+    ("a100-sxm-80gb", 64, False): (132, 153, 162, 171, 175, 176),
+    ("a100-sxm-80gb", 128, False): (None, 173, 187, 196, 201, 203),  # 512: label hidden ("n/r")
+    ("a100-sxm-80gb", 64, True): (88, 119, 140, 156, 165, 171),
+    ("a100-sxm-80gb", 128, True): (99, 133, 155, 173, 182, 189),
+    ("h100-sxm-80gb", 64, False): (215, 254, 274, 288, 294, 296),
+    ("h100-sxm-80gb", 128, False): (248, 294, 320, 326, 335, 338),
+    ("h100-sxm-80gb", 64, True): (141, 192, 232, 257, 273, 284),
+    ("h100-sxm-80gb", 128, True): (163, 221, 265, 294, 308, 328),
+}
+
+
+def fa2_benchmark_tflops(gpu: GpuSpec, seq: int, head_dim: int, causal: bool) -> float:
+    """The FA2 benchmark setup: hidden 2048, heads = 2048 / hd, batch = 16384 / seq; reported
+    FLOPs = 3.5 x 4 s^2 d heads batch, halved for causal."""
+    heads = 2048 // head_dim
+    batch = 16384 // seq
+    sequences = [(seq, seq)] * batch
+    kwargs = dict(heads=heads, kv_heads=heads, head_dim=head_dim, precision="bf16", bytes_per_element=2, causal=causal)
+    t = cost.attention_time_s(gpu, sequences, **kwargs) + cost.attention_time_s(gpu, sequences, backward=True, **kwargs)
+    flops = 3.5 * 4.0 * seq * seq * head_dim * heads * batch / (2.0 if causal else 1.0)
+    return flops / t / 1e12
+
+
+def _fa2_points(gpu_name: str) -> list[tuple[int, bool, int, float]]:
+    return [
+        (hd, causal, seq, published)
+        for (name, hd, causal), values in FA2_FWD_BWD_TFLOPS.items()
+        if name == gpu_name
+        for seq, published in zip(SEQ_LENS, values)
+        if published is not None
+    ]
+
+
+@pytest.mark.parametrize("gpu_name", ["a100-sxm-80gb", "h100-sxm-80gb"])
+def test_flash_attention2_table(gpu_name: str) -> None:
+    gpu = _gpu_or_skip(gpu_name)
+    errors = []
+    for hd, causal, seq, published in _fa2_points(gpu_name):
+        predicted = fa2_benchmark_tflops(gpu, seq, hd, causal)
+        error = predicted / published - 1.0
+        errors.append(abs(error))
+        assert abs(error) <= 0.15, (gpu_name, hd, causal, seq, predicted, published)  # task: each point 15 %
+    assert sum(errors) / len(errors) <= 0.08  # task: mean abs error 8 %
+
+
+def test_decode_attention_is_kv_read_bound() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    heads, kv_heads, hd = 32, 8, 128
+    for kv_lengths in ([1 + (4095 * i) // 63 for i in range(64)], [4096] * 64, [1] * 63 + [4096]):
+        sequences = [(1, kv) for kv in kv_lengths]
+        kv_bytes = sum(kv_lengths) * kv_heads * 2 * hd * 2.0
+        t = cost.attention_time_s(gpu, sequences, heads=heads, kv_heads=kv_heads, head_dim=hd, precision="bf16", bytes_per_element=2)
+        assert t == pytest.approx(kv_bytes / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory), rel=0.10)  # task: 10 %
+
+
+def test_causal_costs_less_than_non_causal() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    for seq in (128, 512, 4096):
+        for backward in (False, True):
+            kwargs = dict(heads=16, kv_heads=16, head_dim=128, precision="bf16", bytes_per_element=2, backward=backward)
+            causal = cost.attention_time_s(gpu, [(seq, seq)] * 4, causal=True, **kwargs)
+            full = cost.attention_time_s(gpu, [(seq, seq)] * 4, causal=False, **kwargs)
+            assert causal < full
+
+
+def test_varlen_batch_is_the_sum_of_its_parts() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    parts = [(512, 512), (8192, 8192), (100, 3000)]
+    kwargs = dict(heads=16, head_dim=128, causal=True)
+    assert cost.attention_flops(parts, **kwargs) == pytest.approx(sum(cost.attention_flops([p], **kwargs) for p in parts), rel=1e-12)
+    # Exact causal count for one 4-token prefill: 1 + 2 + 3 + 4 = 10 keys seen.
+    assert cost.attention_flops([(4, 4)], heads=1, head_dim=8, causal=True) == 2.0 * 16 * 10
+    # All parts compute-bound: kernel time = sum of the parts' kernel times (no averaging of lengths).
+    tk = dict(heads=16, kv_heads=16, head_dim=128, precision="bf16", bytes_per_element=2)
+    launch = cost.launch_overhead_s(gpu)
+    whole = cost.attention_time_s(gpu, parts, **tk) - launch
+    summed = sum(cost.attention_time_s(gpu, [p], **tk) - launch for p in parts)
+    assert whole == pytest.approx(summed, rel=1e-12)
+    averaged = cost.attention_time_s(gpu, [(2935, 3901)] * 3, **tk) - launch  # mean q, mean kv
+    assert abs(averaged / whole - 1.0) > 0.2
+
+
+def test_attention_rejects_bad_input() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    with pytest.raises(ValueError, match="queries"):
+        cost.attention_time_s(gpu, [(10, 5)], heads=8, kv_heads=8, head_dim=64, precision="bf16", bytes_per_element=2)
+    with pytest.raises(ValueError, match="kv_heads"):
+        cost.attention_time_s(gpu, [(10, 10)], heads=8, kv_heads=3, head_dim=64, precision="bf16", bytes_per_element=2)
+
+
+# --- memory-bound ops: te42kyfo/gpu-benches gpu-stream triad (max over occupancy) ---
+STREAM_TRIAD_GBPS = [("a100-sxm-80gb", 1759.0), ("h200-sxm-141gb", 3534.0), ("a100-sxm-40gb", 1375.0)]
+
+
+@pytest.mark.parametrize(("name", "triad_GBps"), STREAM_TRIAD_GBPS)
+def test_large_copies_reach_stream_bandwidth(name: str, triad_GBps: float) -> None:
+    gpu = _gpu_or_skip(name)
+    bytes_moved = 4e9
+    achieved_GBps = bytes_moved / cost.memory_op_time_s(gpu, bytes_moved) / 1e9
+    assert achieved_GBps == pytest.approx(triad_GBps, rel=0.05)  # task threshold: 5 %
+
+
+def test_small_copies_are_launch_bound() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    fixed = cost.launch_overhead_s(gpu) + cost.MEMORY_FILL_S
+    assert cost.memory_op_time_s(gpu, 64e3) == pytest.approx(fixed, rel=0.02)
+    assert cost.memory_op_time_s(gpu, 0) == cost.launch_overhead_s(gpu)
+    # Throughput grows with size and stays below the STREAM plateau.
+    sizes = [1e3 * 2**i for i in range(24)]
+    rates = [s / cost.memory_op_time_s(gpu, s) for s in sizes]
+    assert rates == sorted(rates)
+    assert rates[-1] < gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
+    with pytest.raises(ValueError, match="bytes_moved"):
+        cost.memory_op_time_s(gpu, -1)
