@@ -88,11 +88,11 @@ def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
     return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
 
 
-def _gemm_tile(dim: int) -> int:
+def _gemm_tile(dim: int, default_tile: int) -> int:
     """Tile extent a library picks for one output dimension: the default tile, or a narrower power of
     two (>= GEMM_MIN_TILE) when the dimension is smaller than the default tile."""
-    if dim >= GEMM_TILE_M:
-        return GEMM_TILE_M
+    if dim >= default_tile:
+        return default_tile
     return max(GEMM_MIN_TILE, 1 << max(0, math.ceil(math.log2(dim))))
 
 
@@ -112,7 +112,7 @@ def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1) -> 
     """
     for name, value in (("m", m), ("n", n), ("k", k), ("batch", batch)):
         _check_positive_int(name, value)
-    tile_m, tile_n = _gemm_tile(m), _gemm_tile(n)
+    tile_m, tile_n = _gemm_tile(m, GEMM_TILE_M), _gemm_tile(n, GEMM_TILE_N)
     tiles_m, tiles_n = -(-m // tile_m), -(-n // tile_n)
     tile_fraction = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
     tiles = tiles_m * tiles_n * batch

@@ -22,16 +22,20 @@ from typing import Any, Sequence
 
 import networkx as nx
 
+from hardware import units
 from hardware.collectives import GroupLinks
 from hardware.specs import GpuSpec, NetworkSpec, NodeSpec
 
 TOPOLOGIES = ("fat-tree", "rail-optimized", "rail-only", "dragonfly", "ethernet")
 
 # Large-message ring all-reduce bus bandwidth / per-GPU link rate, used when a node entry does not
-# state ``intra_node_efficiency``: DGX A100 nccl-tests 234.89 GB/s busbw at 16 GiB over 300 GB/s
-# NVLink3 (stas00/ml-engineering network/README.md, reference C2). Only NVSwitch nodes have a
-# measurement in the reference; other fabrics use the same value until their catalog entry states one.
+# state ``intra_node_efficiency``, per NVLink generation (keyed by its per-GPU rate in GB/s), from
+# 8-GPU sweeps in stas00/ml-engineering network/README.md (reference C2):
+# NVLink3 (DGX A100): 234.89 GB/s busbw at 16 GiB / 300 GB/s; NVLink4 (HGX H200, NCCL_NVLS_ENABLE=0):
+# 367.61 / 450 (nccl-tests#212 reports ~370 on H100). Other fabrics have no measurement in the
+# references and use the NVLink3 value until their catalog entry states one.
 DEFAULT_INTRA_NODE_EFFICIENCY = 234.89 / 300.0
+_DEFAULT_INTRA_EFFICIENCY_BY_LINK_GBPS = {300: 234.89 / 300.0, 450: 367.61 / 450.0}
 # NVLS all-reduce algorithm bandwidth / per-GPU link rate: HGX H200 algbw 275.58 GB/s at 16 GiB
 # over 450 GB/s NVLink4 (same source; nccl-tests#212 reports algbw ~275 on H100).
 DEFAULT_NVLS_EFFICIENCY = 275.58 / 450.0
@@ -41,10 +45,17 @@ _SPINE_HOPS = 3
 
 
 def intra_node_efficiency(node: NodeSpec) -> float:
-    return node.intra_node_efficiency if node.intra_node_efficiency is not None else DEFAULT_INTRA_NODE_EFFICIENCY
+    """The node's stated ``intra_node_efficiency``, else the NVLink-generation default above."""
+    if node.intra_node_efficiency is not None:
+        return node.intra_node_efficiency
+    if node.intra_node_fabric == "nvswitch":
+        link_GBps = round(node.intra_node_bandwidth_Bps / units.GBps)
+        return _DEFAULT_INTRA_EFFICIENCY_BY_LINK_GBPS.get(link_GBps, DEFAULT_INTRA_NODE_EFFICIENCY)
+    return DEFAULT_INTRA_NODE_EFFICIENCY
 
 
 def nvls_efficiency(node: NodeSpec) -> float:
+    """The node's stated ``nvls_efficiency``, else the NVLink4 measurement above."""
     return node.nvls_efficiency if node.nvls_efficiency is not None else DEFAULT_NVLS_EFFICIENCY
 
 

@@ -75,7 +75,7 @@ def op_flops(op: Op) -> float:
         forward = cost.attention_flops(
             op.sequences, heads=op.heads, head_dim=op.head_dim, causal=op.causal, v_head_dim=op.v_head_dim
         )
-        return forward * cost.ATTENTION_BACKWARD_FLOPS_RATIO if op.backward else forward
+        return forward * cost.ATTENTION_BACKWARD_FLOP_RATIO if op.backward else forward
     return op.gemm_flops
 
 

@@ -523,7 +523,7 @@ def read_trace(path: str | Path, *, limit: int | None = None) -> list[RequestSpe
     with ``timestamp`` (ms), ``input_length``, ``output_length`` and optional ``hash_ids``
     (512-token blocks, truncated to the prompt's full blocks) and ``session_id``/``chat_id``, as the
     Mooncake traces. ``limit`` keeps the first rows of the file. Rows with a zero-token prompt or
-    output (present in the Azure traces) are kept with the count raised to 1.
+    output are kept with the count raised to 1 (a request always has one of each).
     """
     file = Path(path)
     if not file.is_file():

@@ -134,24 +134,44 @@ class VllmScheduler:
     def _schedule_running(
         self, order: list[SimRequest], budget: int, chunks: list[Chunk], preempted: list[SimRequest]
     ) -> tuple[int, int]:
+        # hot loop (one pass per step over the running requests): properties inlined
         swapped_out = 0
+        blocks = self.blocks
+        block_size = blocks.block_size
+        owned, shared = blocks.owned, blocks.shared
+        drafts_max = self.limits.speculative_tokens
+        chunked = self.limits.chunked_prefill
+        running = Status.RUNNING
         for request in order:
-            if request.status != Status.RUNNING or budget <= 0:
+            if request.status is not running or budget <= 0:
                 continue
-            n = self._query_tokens(request, budget)
+            computed = request.computed
+            generated = request.generated
+            remaining = request.prompt_tokens + generated - computed
+            decode = generated > 0 and remaining == 1
+            if decode:
+                n = 1
+                if drafts_max:
+                    n += max(0, min(drafts_max, request.output_tokens - generated - 1))
+            else:
+                n = min(remaining, budget) if chunked else remaining
             if n > budget:
                 continue  # unchunked prefill that does not fit the remaining budget
-            need = blocks_for(request.computed + n, self.blocks.block_size) - self.blocks.held(request.request_id)
-            while need > self.blocks.available:
-                victim = self._victim(request, chunks)
-                swapped_out += self._preempt(victim, preempted)
-                if victim is request:
-                    break
-            if request.status != Status.RUNNING:
-                continue
+            rid = request.request_id
+            held = owned.get(rid, 0)
+            if shared:
+                held += len(shared.get(rid, ()))
+            need = -(-(computed + n) // block_size) - held
             if need > 0:
-                self.blocks.allocate(request.request_id, need)
-            chunks.append(Chunk(request, n, request.computed, request.in_decode))
+                while need > blocks.free + len(blocks.evictable):
+                    victim = self._victim(request, chunks)
+                    swapped_out += self._preempt(victim, preempted)
+                    if victim is request:
+                        break
+                if request.status is not running:
+                    continue
+                blocks.allocate(rid, need)
+            chunks.append(Chunk(request, n, computed, decode))
             budget -= n
         return budget, swapped_out
 
@@ -232,20 +252,28 @@ class VllmScheduler:
         """Apply a finished step; return the requests that left this replica (finished, or handed
         off to a decode replica in a prefill-only pool)."""
         left: list[SimRequest] = []
+        prefill_only = self.limits.prefill_only
+        running = Status.RUNNING
+        publish = self.blocks.publish if self.blocks.prefix_caching else None
         for chunk in plan.chunks:
             request = chunk.request
-            if request.status != Status.RUNNING:
+            if request.status is not running:
                 continue
             if chunk.is_decode:
-                emitted = min(accepted(request, chunk.query_tokens - 1), request.output_tokens - request.generated)
+                emitted = 1 if chunk.query_tokens == 1 else accepted(request, chunk.query_tokens - 1)
+                emitted = min(emitted, request.output_tokens - request.generated)
                 request.computed += emitted
-                request.emit(emitted, end_s)
+                request.generated += emitted
+                request.token_times_s.append(end_s)
+                request.token_counts.append(emitted)
+                request.last_token_s = end_s
             else:
                 request.computed += chunk.query_tokens
-                self.blocks.publish(request.request_id, request.block_hashes, request.computed)
-                if request.computed == request.num_tokens:
+                if publish is not None:
+                    publish(request.request_id, request.block_hashes, request.computed)
+                if request.computed == request.prompt_tokens + request.generated:
                     request.emit(1, end_s)
-            if request.done or (self.limits.prefill_only and request.generated > 0):
+            if request.generated >= request.output_tokens or (prefill_only and request.generated > 0):
                 left.append(request)
         if left:
             gone = {r.request_id for r in left}

@@ -145,7 +145,9 @@ class StepCostModel:
         if self._window is not None:
             w = self._window
             sequences = [(q, min(kv, q + w - 1)) for q, kv in sequences]
-        op = replace(self._attention, sequences=tuple(sequences))
+        t = self._attention
+        op = Op(name=t.name, kind=t.kind, sequences=tuple(sequences), heads=t.heads, kv_heads=t.kv_heads,
+                head_dim=t.head_dim, v_head_dim=t.v_head_dim, causal=t.causal, bytes_per_element=t.bytes_per_element)
         return self.shape.model.layers * op_time_s(op, self._gpu, precision=self._precision, links=self._links)
 
     def forward_time_s(self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int) -> float:

@@ -318,16 +318,12 @@ def stage_memory(
     state_per_param = ADAM_STATE_BYTES if job.optimizer == "adam" else SGD_STATE_BYTES
     dense_shard, expert_shard = _shard_degrees(plan, gpus_per_node)
 
-    def sharded(bytes_per_param: float) -> float:
-        return bytes_per_param * (dense / dense_shard + expert / expert_shard)
-
-    unsharded_grads = MAIN_GRAD_BYTES * (dense + expert)
-    unsharded_states = state_per_param * (dense + expert)
     params = dense + expert
+    # fraction of this rank's parameters it keeps when sharded over the data-parallel groups
     shard_fraction = (dense / dense_shard + expert / expert_shard) / params if params else 1.0
-    weights = weight_bytes * shard_fraction if plan.zero == 3 else weight_bytes
-    gradients = sharded(MAIN_GRAD_BYTES) if plan.zero >= 2 else unsharded_grads
-    optimizer = sharded(state_per_param) if plan.zero >= 1 else unsharded_states
+    weights = weight_bytes * (shard_fraction if plan.zero == 3 else 1.0)
+    gradients = MAIN_GRAD_BYTES * params * (shard_fraction if plan.zero >= 2 else 1.0)
+    optimizer = state_per_param * params * (shard_fraction if plan.zero >= 1 else 1.0)
 
     # one layer gathered in full (weights + its unsharded gradient) while it runs: ZeRO-3 / parameter
     # offload (DeepSpeed estimate_zero3_model_states_mem_needs: 4 x largest layer params in fp16)
@@ -355,6 +351,7 @@ def stage_memory(
         for moe, count in ((False, dense_layers), (True, moe_layers))
         if count
     }
+
     def stored(parts: tuple[float, float, float]) -> float:
         full, core, layer_input = parts
         return layer_input if plan.recompute == "full" else full - core if plan.recompute == "selective" else full

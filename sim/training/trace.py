@@ -23,28 +23,26 @@ STREAM_TIDS = {"compute": 0, "comm-dp": 1, "p2p": 2}
 KIND_COLOURS = {"F": "#4c72b0", "B": "#55a868", "W": "#c44e52", "optimizer": "#8172b2"}
 
 
-def _tid(stream: str) -> int:
-    return STREAM_TIDS.get(stream, len(STREAM_TIDS) + sum(map(ord, stream)))
-
-
 def chrome_trace(
     events: Iterable[TraceEvent], memory_timeline: Sequence[Sequence[tuple[float, float]]] = ()
 ) -> dict[str, Any]:
     """A Chrome/Perfetto JSON object: one "X" event per interval (pid = stage, tid = stream) and one
     "C" counter series of activation bytes per stage from ``memory_timeline[stage]``."""
     trace: list[dict[str, Any]] = []
+    tids = dict(STREAM_TIDS)  # other stream names get the next free ids, in order of appearance
     stages: set[int] = set()
     threads: set[tuple[int, str]] = set()
     for event in events:
         stages.add(event.stage)
         threads.add((event.stage, event.stream))
+        tid = tids.setdefault(event.stream, len(tids))
         trace.append(
             {
                 "ph": "X",
                 "name": event.name,
                 "cat": event.stream,
                 "pid": event.stage,
-                "tid": _tid(event.stream),
+                "tid": tid,
                 "ts": event.start_s * MICROSECONDS_PER_SECOND,
                 "dur": (event.end_s - event.start_s) * MICROSECONDS_PER_SECOND,
                 "args": dict(event.args),
@@ -67,7 +65,7 @@ def chrome_trace(
         metadata.append({"ph": "M", "name": "process_name", "pid": stage, "args": {"name": f"stage {stage}"}})
         metadata.append({"ph": "M", "name": "process_sort_index", "pid": stage, "args": {"sort_index": stage}})
     for stage, stream in sorted(threads):
-        metadata.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": _tid(stream), "args": {"name": stream}})
+        metadata.append({"ph": "M", "name": "thread_name", "pid": stage, "tid": tids[stream], "args": {"name": stream}})
     return {"traceEvents": metadata + trace, "displayTimeUnit": "ms"}
 
 
@@ -114,7 +112,7 @@ def plot_pipeline_timeline(events: Iterable[TraceEvent], path: str | Path, *, ma
     for e in ops:
         width_ms = (e.end_s - e.start_s) * ms_per_s
         if end_ms > 0.0 and width_ms > 0.012 * end_ms:  # label only bars wide enough to read
-            label = str(e.args["microbatch"]) if e.args.get("chunk", 0) == 0 and "." not in e.name else e.name[1:]
+            label = e.name[1:]  # "3", or "3.c1" with interleaving
             axes.text((e.start_s * ms_per_s) + width_ms / 2, e.stage, label, ha="center", va="center", fontsize=6, color="white")
     axes.set_yticks(stages, [f"stage {s}" for s in stages])
     axes.invert_yaxis()

@@ -232,7 +232,7 @@ def test_conversation_trace_statistics_match_readme() -> None:
     assert requests[-1].arrival_s == pytest.approx(3502, rel=0.01)
 
 
-def test_trace_workload_limit_and_rescaling(tmp_path: Path) -> None:
+def test_trace_workload_limit_and_rescaling() -> None:
     base = {"arrival": "trace", "trace": "azure_2023_conv_sample.csv", "num_requests": 100}
     plain = build_requests(parse_workload(base, DATA), np.random.default_rng(0))
     assert len(plain) == 100

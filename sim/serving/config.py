@@ -1,0 +1,203 @@
+"""``[serving]`` (with ``[serving.disaggregated]`` and ``[serving.speculative]``): validated, frozen.
+
+Defaults follow vLLM's engine arguments (max_num_seqs 256, block_size 16, gpu_memory_utilization
+0.9, swap_space 4 GiB per GPU) unless noted. CPU overheads default to the BLIS "trained-physics"
+bundled coefficients fitted on H100 vLLM traces: 126 us per step (beta7) and 4 us per request in the
+batch (beta6) (../shared/reference/formulas.md, Serving / Step time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from hardware.units import GiB, us
+from sim.errors import ConfigError
+from sim.serving.schedulers import PREEMPTION_MODES
+from workloads.precision import BYTES_PER_ELEMENT
+
+SCHEDULERS = ("static", "orca", "vllm", "sarathi", "disaggregated")
+ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
+KV_PRECISIONS = ("bf16", "fp16", "fp8", "int4")
+SPECULATIVE_METHODS = ("draft", "draft_free")
+
+SERVING_KEYS = (
+    "tp", "pp", "scheduler", "weight_precision", "kv_precision", "max_num_seqs", "max_batched_tokens",
+    "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
+    "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
+    "max_model_len", "disaggregated", "speculative",
+)
+DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
+SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
+
+# vLLM defaults (vllm/engine/arg_utils.py): max_num_seqs 256, block_size 16, gpu_memory_utilization
+# 0.9, swap_space 4 GiB; max_num_batched_tokens 8192 for chunked prefill (V1 default for online serving).
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_BATCHED_TOKENS = 8192
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_SWAP_SPACE_GIB = 4.0
+# Sarathi-Serve's token budget for Mistral-7B / A100 (paper: 512 for the strict SLO setting).
+DEFAULT_CHUNK_SIZE = 512
+# BLIS trained-physics coefficients (formulas.md): beta7 = 126 us per step, beta6 = 4 us per request.
+DEFAULT_STEP_OVERHEAD_US = 126.0
+DEFAULT_REQUEST_OVERHEAD_US = 4.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpeculativeSpec:
+    method: str  # "draft" (a draft model from the catalog) | "draft_free" (Medusa / lookahead heads)
+    num_speculative_tokens: int  # k
+    acceptance_rate: float  # alpha: each draft token is accepted with this probability (given its predecessors)
+    draft_model: str | None = None
+    draft_free_overhead: float = 0.0  # draft_free: extra fraction of the verification step's time
+
+    def expected_tokens_per_step(self) -> float:
+        """(1 - alpha^(k+1)) / (1 - alpha): accepted drafts plus the one token the verifier adds."""
+        a, k = self.acceptance_rate, self.num_speculative_tokens
+        return float(k + 1) if a == 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DisaggregatedSpec:
+    prefill_replicas: int
+    decode_replicas: int
+    prefill_tp: int
+    decode_tp: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServingSpec:
+    tp: int = 1
+    pp: int = 1
+    scheduler: str = "vllm"
+    weight_precision: str = "bf16"
+    kv_precision: str = "bf16"
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    block_size: int = DEFAULT_BLOCK_SIZE
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    prefix_caching: bool = False
+    replicas: int = 1
+    router: str = "least_outstanding"
+    chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    swap_space_bytes: float = DEFAULT_SWAP_SPACE_GIB * GiB
+    step_overhead_s: float = DEFAULT_STEP_OVERHEAD_US * us
+    request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_US * us
+    max_model_len: int | None = None  # None: the model's max_seq_len
+    disaggregated: DisaggregatedSpec | None = None
+    speculative: SpeculativeSpec | None = None
+
+    @property
+    def activation_precision(self) -> str:
+        """Activations (and the attention kernel's Q/O) run in fp16 when the weights are fp16, else bf16."""
+        return "fp16" if self.weight_precision == "fp16" else "bf16"
+
+
+def _int(table: Mapping[str, Any], key: str, where: str, default: int, minimum: int = 1) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}.{key} = {value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _float(table: Mapping[str, Any], key: str, where: str, default: float, low: float, high: float) -> float:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ConfigError(f"{where}.{key} = {value!r} must be a number in [{low}, {high}]")
+    return float(value)
+
+
+def _choice(table: Mapping[str, Any], key: str, where: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = table.get(key, default)
+    if value not in allowed:
+        raise ConfigError(f"{where}.{key} = {value!r}; allowed: {', '.join(allowed)}")
+    return str(value)
+
+
+def _bool(table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key} = {value!r} must be true or false")
+    return value
+
+
+def _check_keys(table: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"[{where}] unknown key '{key}'; allowed: {', '.join(allowed)}")
+
+
+def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
+    """Validate ``[serving]``; errors name the field, the value and what is allowed."""
+    w = "serving"
+    _check_keys(table, w, SERVING_KEYS)
+    for key in ("weight_precision", "kv_precision"):
+        if key in table and table[key] not in BYTES_PER_ELEMENT:
+            raise ConfigError(f"serving.{key} = {table[key]!r}; allowed: {', '.join(BYTES_PER_ELEMENT)}")
+    spec: dict[str, Any] = dict(
+        tp=_int(table, "tp", w, 1),
+        pp=_int(table, "pp", w, 1),
+        scheduler=_choice(table, "scheduler", w, "vllm", SCHEDULERS),
+        weight_precision=_choice(table, "weight_precision", w, "bf16", WEIGHT_PRECISIONS),
+        kv_precision=_choice(table, "kv_precision", w, "bf16", KV_PRECISIONS),
+        max_num_seqs=_int(table, "max_num_seqs", w, DEFAULT_MAX_NUM_SEQS),
+        max_batched_tokens=_int(table, "max_batched_tokens", w, DEFAULT_MAX_BATCHED_TOKENS),
+        chunk_size=_int(table, "chunk_size", w, DEFAULT_CHUNK_SIZE),
+        block_size=_int(table, "block_size", w, DEFAULT_BLOCK_SIZE),
+        gpu_memory_utilization=_float(table, "gpu_memory_utilization", w, DEFAULT_GPU_MEMORY_UTILIZATION, 0.01, 1.0),
+        prefix_caching=_bool(table, "prefix_caching", w, False),
+        replicas=_int(table, "replicas", w, 1),
+        router=_choice(table, "router", w, "least_outstanding", ROUTERS),
+        chunked_prefill=_bool(table, "chunked_prefill", w, True),
+        preemption_mode=_choice(table, "preemption_mode", w, "recompute", PREEMPTION_MODES),
+        swap_space_bytes=_float(table, "swap_space_GiB", w, DEFAULT_SWAP_SPACE_GIB, 0.0, 1e6) * GiB,
+        step_overhead_s=_float(table, "step_overhead_us", w, DEFAULT_STEP_OVERHEAD_US, 0.0, 1e9) * us,
+        request_overhead_s=_float(table, "request_overhead_us", w, DEFAULT_REQUEST_OVERHEAD_US, 0.0, 1e9) * us,
+    )
+    if "max_model_len" in table:
+        spec["max_model_len"] = _int(table, "max_model_len", w, 1)
+    if "disaggregated" in table:
+        spec["disaggregated"] = _parse_disaggregated(table["disaggregated"], spec["tp"])
+    elif spec["scheduler"] == "disaggregated":
+        spec["disaggregated"] = DisaggregatedSpec(
+            prefill_replicas=1, decode_replicas=1, prefill_tp=spec["tp"], decode_tp=spec["tp"]
+        )
+    if "speculative" in table:
+        spec["speculative"] = _parse_speculative(table["speculative"])
+    return ServingSpec(**spec)
+
+
+def _parse_disaggregated(table: Any, tp: int) -> DisaggregatedSpec:
+    w = "serving.disaggregated"
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{w}] must be a table, got {table!r}")
+    _check_keys(table, w, DISAGGREGATED_KEYS)
+    return DisaggregatedSpec(
+        prefill_replicas=_int(table, "prefill_replicas", w, 1),
+        decode_replicas=_int(table, "decode_replicas", w, 1),
+        prefill_tp=_int(table, "prefill_tp", w, tp),
+        decode_tp=_int(table, "decode_tp", w, tp),
+    )
+
+
+def _parse_speculative(table: Any) -> SpeculativeSpec:
+    w = "serving.speculative"
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[{w}] must be a table, got {table!r}")
+    _check_keys(table, w, SPECULATIVE_KEYS)
+    method = _choice(table, "method", w, "draft" if "draft_model" in table else "draft_free", SPECULATIVE_METHODS)
+    if method == "draft" and not isinstance(table.get("draft_model"), str):
+        raise ConfigError(f"{w}.draft_model = {table.get('draft_model')!r}: method 'draft' needs a catalog model name")
+    if "acceptance_rate" not in table or "num_speculative_tokens" not in table:
+        raise ConfigError(f"[{w}] needs num_speculative_tokens and acceptance_rate")
+    return SpeculativeSpec(
+        method=method,
+        num_speculative_tokens=_int(table, "num_speculative_tokens", w, 1),
+        acceptance_rate=_float(table, "acceptance_rate", w, 0.0, 0.0, 1.0),
+        draft_model=table.get("draft_model") if method == "draft" else None,
+        draft_free_overhead=_float(table, "draft_free_overhead", w, 0.0, 0.0, 10.0),
+    )

@@ -1,0 +1,191 @@
+"""The SimPy serving engine: request arrivals, a router, replicas that run one batch step per event
+(never one event per token), and for disaggregated serving the KV transfers between pools.
+
+A replica process asks its scheduler for a ``StepPlan``, asks the step-cost function for the step's
+duration, waits that long, then lets the scheduler apply the results. An idle replica waits on a
+wake-up event that ``submit`` triggers (no polling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol, Sequence
+
+import numpy as np
+import simpy
+
+from sim.serving.plan import StepPlan
+from sim.serving.request import SimRequest, Status
+
+StepCost = Callable[[StepPlan], float]
+
+
+class Scheduler(Protocol):
+    blocks: object
+
+    def add(self, request: SimRequest, now_s: float) -> None: ...
+    def has_work(self) -> bool: ...
+    def outstanding(self) -> int: ...
+    def can_ever_fit(self, request: SimRequest) -> str: ...
+    def schedule(self, now_s: float) -> StepPlan: ...
+    def complete(self, plan: StepPlan, end_s: float, accepted: Callable[[SimRequest, int], int]) -> list[SimRequest]: ...
+    def release(self, request: SimRequest) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepEvent:
+    """One executed batch step, for the Chrome trace."""
+
+    replica: int
+    start_s: float
+    duration_s: float
+    requests: int
+    prefill_tokens: int
+    decode_tokens: int
+    preempted: int
+
+
+class AcceptanceSampler:
+    """Speculative decoding: tokens a verification of k drafts emits, 1 + (leading accepted drafts),
+    each draft accepted with probability alpha given its predecessors; draws come in batches from
+    the run's seeded generator. Mean: (1 - alpha^(k+1)) / (1 - alpha)."""
+
+    def __init__(self, acceptance_rate: float, rng: np.random.Generator, batch: int = 65536) -> None:
+        self.alpha = acceptance_rate
+        self.rng = rng
+        self.batch = batch
+        self._draws: list[int] = []
+
+    def __call__(self, request: SimRequest, drafts: int) -> int:
+        if drafts <= 0:
+            return 1
+        if self.alpha >= 1.0:
+            return drafts + 1
+        if not self._draws:
+            # geometric(1 - alpha) - 1 = number of accepted drafts before the first rejection
+            self._draws = (self.rng.geometric(1.0 - self.alpha, size=self.batch) - 1).tolist()
+        return min(self._draws.pop(), drafts) + 1
+
+
+def one_token(request: SimRequest, drafts: int) -> int:
+    return 1
+
+
+class Replica:
+    """One serving replica as a SimPy process."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        scheduler: Scheduler,
+        step_cost: StepCost,
+        *,
+        on_leave: Callable[[Replica, SimRequest], None],
+        accepted: Callable[[SimRequest, int], int] = one_token,
+        swap_time_s: Callable[[int], float] = lambda blocks: 0.0,
+        trace: list[StepEvent] | None = None,
+        role: str = "replica",
+    ) -> None:
+        self.env = env
+        self.index = index
+        self.scheduler = scheduler
+        self.step_cost = step_cost
+        self.on_leave = on_leave
+        self.accepted = accepted
+        self.swap_time_s = swap_time_s
+        self.trace = trace
+        self.role = role
+        self.busy_s = 0.0
+        self.steps = 0
+        self.max_outstanding = 0
+        self._wakeup = env.event()
+        self.process = env.process(self._run())
+
+    def submit(self, request: SimRequest) -> None:
+        request.replica = self.index
+        self.scheduler.add(request, self.env.now)
+        outstanding = self.scheduler.outstanding()
+        if outstanding > self.max_outstanding:
+            self.max_outstanding = outstanding
+        self.kick()
+
+    def kick(self) -> None:
+        if not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def _run(self):  # type: ignore[no-untyped-def]
+        env, scheduler = self.env, self.scheduler
+        while True:
+            plan = scheduler.schedule(env.now) if scheduler.has_work() else None
+            if plan is None or plan.empty:
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            start = env.now
+            duration = self.step_cost(plan)
+            swapped = plan.swapped_in_blocks + plan.swapped_out_blocks
+            if swapped:
+                duration += self.swap_time_s(swapped)
+            yield env.timeout(duration)
+            self.busy_s += duration
+            self.steps += 1
+            if self.trace is not None:
+                self.trace.append(
+                    StepEvent(self.index, start, duration, len(plan.chunks), plan.num_prefill_tokens,
+                              plan.num_decode_tokens, len(plan.preempted))
+                )
+            for request in scheduler.complete(plan, env.now, self.accepted):
+                self.on_leave(self, request)
+
+
+class Router:
+    """Picks a replica for each request: ``round_robin``, ``least_outstanding`` (fewest queued or
+    running requests, lowest index on ties) or ``prefix_aware`` (longest cached prompt prefix, then
+    least outstanding)."""
+
+    def __init__(self, policy: str, replicas: Sequence[Replica]) -> None:
+        self.policy = policy
+        self.replicas = list(replicas)
+        self._next = 0
+
+    def pick(self, request: SimRequest) -> Replica:
+        replicas = self.replicas
+        if len(replicas) == 1:
+            return replicas[0]
+        if self.policy == "round_robin":
+            replica = replicas[self._next % len(replicas)]
+            self._next += 1
+            return replica
+        if self.policy == "prefix_aware" and request.block_hashes:
+            best = max(
+                replicas,
+                key=lambda r: (r.scheduler.blocks.cached_prefix_blocks(request.block_hashes),  # type: ignore[attr-defined]
+                               -r.scheduler.outstanding(), -r.index),
+            )
+            return best
+        return min(replicas, key=lambda r: (r.scheduler.outstanding(), r.index))
+
+
+def arrivals(
+    env: simpy.Environment, requests: Iterable[SimRequest], dispatch: Callable[[SimRequest], None]
+):  # type: ignore[no-untyped-def]
+    """Release each request at its arrival time (requests sorted by arrival)."""
+    for request in requests:
+        delay = request.arrival_s - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        dispatch(request)
+
+
+def admit(router: Router, request: SimRequest, rejected: list[SimRequest]) -> None:
+    """Route a request; reject it (with the reason) when it can never fit on the chosen replica."""
+    replica = router.pick(request)
+    reason = replica.scheduler.can_ever_fit(request)
+    if reason:
+        request.status = Status.REJECTED
+        request.reject_reason = reason
+        request.replica = replica.index
+        rejected.append(request)
+        return
+    replica.submit(request)

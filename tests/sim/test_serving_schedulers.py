@@ -1,0 +1,126 @@
+"""Schedulers called directly (no SimPy): budgets, chunked prefill, preemption, orderings."""
+
+from __future__ import annotations
+
+from sim.serving.batching import OrcaScheduler, StaticScheduler
+from sim.serving.kv_cache import BlockManager
+from sim.serving.request import SimRequest, Status
+from sim.serving.schedulers import BatchLimits, VllmScheduler
+
+
+def _req(i: int, prompt: int, output: int, arrival: float = 0.0) -> SimRequest:
+    return SimRequest(i, arrival, prompt, output)
+
+
+def _shape(plan) -> list[tuple[int, int, bool]]:  # type: ignore[no-untyped-def]
+    return [(c.request.request_id, c.query_tokens, c.is_decode) for c in plan.chunks]
+
+
+def test_vllm_token_budget_and_chunked_prefill() -> None:
+    s = VllmScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=10), BlockManager(100, 4))
+    s.add(_req(0, 16, 3), 0.0)
+    s.add(_req(1, 4, 2), 0.0)
+    plan = s.schedule(0.0)
+    assert _shape(plan) == [(0, 10, False)]  # the budget cuts request 0's prompt into a chunk
+    s.complete(plan, 1.0)
+    plan = s.schedule(1.0)
+    assert _shape(plan) == [(0, 6, False), (1, 4, False)]  # running first, then the waiting one
+    assert [c.context_tokens for c in plan.chunks] == [10, 0]
+    s.complete(plan, 2.0)
+    assert s.running[0].first_token_s == 2.0 and s.running[1].first_token_s == 2.0
+    plan = s.schedule(2.0)
+    assert _shape(plan) == [(0, 1, True), (1, 1, True)]
+    done = s.complete(plan, 3.0)
+    assert [r.request_id for r in done] == [1]  # two tokens: prefill's + one decode
+    assert done[0].finish_s == 3.0 and done[0].status == Status.FINISHED
+
+
+def test_vllm_v0_mode_runs_prefills_alone() -> None:
+    s = VllmScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=64, chunked_prefill=False), BlockManager(100, 4))
+    s.add(_req(0, 8, 5), 0.0)
+    s.complete(s.schedule(0.0), 1.0)
+    s.add(_req(1, 8, 5), 1.0)
+    plan = s.schedule(1.0)
+    assert _shape(plan) == [(1, 8, False)]  # the decode of request 0 stalls behind the prefill
+    s.complete(plan, 2.0)
+    assert _shape(s.schedule(2.0)) == [(0, 1, True), (1, 1, True)]
+
+
+def test_recompute_preemption_takes_the_newest_request() -> None:
+    # 4 blocks of 4 tokens; two requests of 8-token prompts fill them, the next decode needs a fifth
+    blocks = BlockManager(4, 4)
+    s = VllmScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=64), blocks)
+    s.watermark_blocks = 0
+    s.add(_req(0, 8, 4), 0.0)
+    s.add(_req(1, 8, 4), 0.0)
+    s.complete(s.schedule(0.0), 1.0)
+    assert blocks.available == 0
+    plan = s.schedule(1.0)
+    assert [r.request_id for r in plan.preempted] == [1]
+    assert _shape(plan) == [(0, 1, True)]
+    victim = plan.preempted[0]
+    assert victim.computed == 0 and victim.preemptions == 1 and s.waiting[0] is victim
+    assert victim.generated == 1  # its emitted token stays emitted; recompute covers prompt + it
+    assert victim.remaining_tokens == 9
+    blocks.check()
+
+
+def test_swap_preemption_moves_blocks_and_back() -> None:
+    blocks = BlockManager(4, 4)
+    limits = BatchLimits(max_num_seqs=8, max_batched_tokens=64, preemption_mode="swap", swap_capacity_blocks=10)
+    s = VllmScheduler(limits, blocks)
+    s.watermark_blocks = 0
+    s.add(_req(0, 8, 2), 0.0)
+    s.add(_req(1, 8, 4), 0.0)
+    s.complete(s.schedule(0.0), 1.0)
+    plan = s.schedule(1.0)
+    assert plan.swapped_out_blocks == 2 and plan.swapped_in_blocks == 0
+    assert s.swapped[0].request_id == 1 and s.swapped[0].computed == 8
+    s.complete(plan, 2.0)  # request 0 finishes and frees its 3 blocks
+    plan = s.schedule(2.0)
+    assert plan.swapped_in_blocks == 2 and _shape(plan) == [(1, 1, True)]
+
+
+def test_sarathi_schedules_decodes_first_then_chunks() -> None:
+    limits = BatchLimits(max_num_seqs=8, max_batched_tokens=6, decode_first=True)
+    s = VllmScheduler(limits, BlockManager(100, 4))
+    s.add(_req(0, 20, 5), 0.0)
+    s.add(_req(1, 2, 5), 0.0)
+    plan = s.schedule(0.0)
+    assert _shape(plan) == [(0, 6, False)]
+    s.complete(plan, 1.0)
+    plan = s.schedule(1.0)
+    assert _shape(plan) == [(0, 6, False)]  # still prefilling: request 1 waits for budget
+    s.complete(plan, 2.0)
+    s.complete(s.schedule(2.0), 3.0)
+    plan = s.schedule(3.0)  # request 0 has 2 prompt tokens left and request 1 joined
+    s.complete(plan, 4.0)
+    plan = s.schedule(4.0)
+    assert plan.chunks[0].is_decode  # decodes lead the batch
+
+
+def test_orca_reserves_maximum_length_up_front() -> None:
+    blocks = BlockManager(10, 4)
+    s = OrcaScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=64), blocks, reserve_tokens=20)
+    for i in range(3):
+        s.add(_req(i, 4, 2), 0.0)
+    plan = s.schedule(0.0)
+    assert _shape(plan) == [(0, 4, False), (1, 4, False)]  # 5 blocks each: the third must wait
+    assert blocks.available == 0
+
+
+def test_static_batch_runs_to_completion_with_padding() -> None:
+    blocks = BlockManager(100, 4)
+    s = StaticScheduler(BatchLimits(max_num_seqs=2, max_batched_tokens=64), blocks)
+    s.add(_req(0, 4, 1), 0.0)
+    s.add(_req(1, 4, 3), 0.0)
+    s.add(_req(2, 4, 1), 0.0)
+    plan = s.schedule(0.0)
+    assert _shape(plan) == [(0, 4, False), (1, 4, False)]
+    assert [r.request_id for r in s.complete(plan, 1.0)] == [0]
+    plan = s.schedule(1.0)
+    assert [c.emits for c in plan.chunks] == [False, True]  # the finished member is padding
+    s.complete(plan, 2.0)
+    s.complete(s.schedule(2.0), 3.0)
+    assert not s.batch and blocks.available == 100
+    assert _shape(s.schedule(3.0)) == [(2, 4, False)]

@@ -1,0 +1,206 @@
+"""The training suite: predicted vs published iteration times and memory (Megatron-LM papers).
+
+Rows live in ``validation/published/training.csv`` and ``training_memory.csv``, each with its
+citation and the assumptions the publication leaves open. Published throughputs are converted to
+iteration times with the convention the paper used, so every row compares a convention-free
+quantity: Narayanan et al. 2021 Table 1 counts FLOPs with Eq. 3 (recompute included),
+F = 96 B s L h^2 (1 + s/(6h) + V/(16 L h)); the Megatron-Core H100 table uses model FLOPs,
+F = 72 B s L h^2 (1 + s/(6h) + V/(12 L h)); Korthikanti et al. 2022 report iteration times.
+One hardware description per GPU serves every row.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hardware import units
+from sim.runner import RunOptions
+from sim.training.config import parse_training
+from sim.training.memory import memory_per_stage
+from sim.training.run import simulate_training
+from validation.published import Comparison, SuiteReport, Threshold
+
+PUBLISHED_DIR = Path(__file__).parent / "published"
+
+# Issue "Training" thresholds: iteration time MAPE <= 10 %, no row worse than 20 %; memory within 10 %.
+THRESHOLDS = (
+    Threshold(metric="iteration_time_s", max_mape=0.10, max_row_error=0.20),
+    Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
+    Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
+)
+
+
+def _read(name: str) -> list[dict[str, str]]:
+    with (PUBLISHED_DIR / name).open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _bool(text: str) -> bool:
+    return text.strip().lower() == "true"
+
+
+def row_config(row: dict[str, str]) -> dict[str, Any]:
+    """The llmsim config a published row describes."""
+    if row["model"] == "inline":
+        hidden = int(row["hidden"])
+        model: dict[str, Any] = {
+            "name": f"{row['row']}-model",
+            "hidden": hidden,
+            "layers": int(row["layers"]),
+            "heads": int(row["heads"]),
+            "kv_heads": int(row["heads"]),
+            "ffn_hidden": 4 * hidden,
+            "vocab": int(row["vocab"]),
+            "max_seq_len": int(row["seq_len"]),
+            "activation": "gelu",
+            "position": "rope",
+        }
+    else:
+        model = {"name": row["model"]}
+    tp, pp = int(row["tp"]), int(row["pp"])
+    virtual = int(row["virtual_stages"])
+    return {
+        "model": model,
+        "cluster": {"gpu": row["gpu"], "node": row["node"], "network": row["network"], "num_gpus": int(row["num_gpus"])},
+        "training": {
+            "seq_len": int(row["seq_len"]),
+            "global_batch": int(row["global_batch"]),
+            "micro_batch": int(row["micro_batch"]),
+            "precision": row["precision"],
+            "attention_kernel": row["attention_kernel"],
+        },
+        "parallel": {
+            "tp": tp,
+            "pp": pp,
+            "dp": "auto",
+            "sequence_parallel": _bool(row["sequence_parallel"]),
+            "zero": int(row["zero"]),
+            "schedule": "interleaved" if virtual > 1 else "1f1b",
+            "virtual_stages": virtual,
+            "recompute": row["recompute"],
+            "tp_comm_overlap": _bool(row["tp_comm_overlap"]),
+        },
+    }
+
+
+def published_iteration_time_s(row: dict[str, str], config: dict[str, Any]) -> float:
+    """The row's published number as an iteration time, with the paper's FLOP convention."""
+    value = float(row["published"])
+    if row["metric"] == "iteration_time_s":
+        return value
+    setup = parse_training(config)
+    model, job = setup.model, setup.job
+    s, h, layers, vocab = job.seq_len, model.hidden, model.layers, model.vocab
+    batch = job.global_batch
+    if row["metric"] == "eq3_tflops_per_gpu":
+        flops = 96.0 * batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (16 * layers * h))
+    elif row["metric"] == "model_tflops_per_gpu":
+        flops = 72.0 * batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (12 * layers * h))
+    else:
+        raise ValueError(f"{row['row']}: unknown metric '{row['metric']}'")
+    return flops / (value * units.TFLOPS * setup.cluster.num_gpus)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimedRow:
+    row: str
+    citation: str
+    published_s: float
+    predicted_s: float
+
+
+def iteration_rows(fidelity: str = "des") -> list[TimedRow]:
+    out = []
+    for row in _read("training.csv"):
+        config = row_config(row)
+        result = simulate_training(config, RunOptions(fidelity=fidelity))
+        out.append(
+            TimedRow(
+                row=row["row"],
+                citation=row["citation"],
+                published_s=published_iteration_time_s(row, config),
+                predicted_s=result.metrics()["iteration_time_s"],
+            )
+        )
+    return out
+
+
+def memory_comparisons() -> list[Comparison]:
+    """Korthikanti et al. 2022 Figure 1: first-stage model states and activations per GPU (fp16,
+    dp = 1, attention scores stored as in the paper's kernels)."""
+    comparisons = []
+    for row in _read("training_memory.csv"):
+        virtual = int(row["virtual_stages"])
+        base = {
+            "model": {"name": row["model"]},
+            "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": int(row["num_gpus"])},
+            "training": {
+                "seq_len": int(row["seq_len"]),
+                "global_batch": int(row["global_batch"]),
+                "micro_batch": int(row["micro_batch"]),
+                "precision": "fp16",
+                "attention_kernel": "unfused",
+            },
+        }
+        for label, recompute, sp, column in (
+            ("none", "none", False, "activations_none_GiB"),
+            ("sp+selective", "selective", True, "activations_sp_selective_GiB"),
+        ):
+            config = dict(base)
+            config["parallel"] = {
+                "tp": int(row["tp"]),
+                "pp": int(row["pp"]),
+                "schedule": "interleaved" if virtual > 1 else "1f1b",
+                "virtual_stages": virtual,
+                "recompute": recompute,
+                "sequence_parallel": sp,
+            }
+            setup = parse_training(config)
+            stages = memory_per_stage(
+                setup.model, setup.plan, setup.job, capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes, flash_attention=False
+            )
+            first = stages[0]
+            # Figure 1's model states are 18 bytes x 12 L h^2 / (t p): the transformer layers of one
+            # stage without the embedding, so they compare with a middle stage when pp > 1.
+            middle = stages[min(1, len(stages) - 1)]
+            comparisons.append(
+                Comparison(
+                    suite="training",
+                    row=f"{row['row']} activations {label}",
+                    metric="activations_bytes",
+                    published=float(row[column]) * units.GiB,
+                    predicted=first.activations_bytes,
+                    citation=row["citation"],
+                )
+            )
+            if label == "none":
+                comparisons.append(
+                    Comparison(
+                        suite="training",
+                        row=f"{row['row']} params+grads+optimizer",
+                        metric="model_states_bytes",
+                        published=float(row["model_states_GiB"]) * units.GiB,
+                        predicted=middle.model_state_bytes,
+                        citation=row["citation"],
+                    )
+                )
+    return comparisons
+
+
+def run_training_suite(fidelity: str = "des") -> SuiteReport:
+    comparisons = [
+        Comparison(
+            suite="training",
+            row=r.row,
+            metric="iteration_time_s",
+            published=r.published_s,
+            predicted=r.predicted_s,
+            citation=r.citation,
+        )
+        for r in iteration_rows(fidelity)
+    ]
+    comparisons += memory_comparisons()
+    return SuiteReport(suite="training", comparisons=tuple(comparisons), thresholds=THRESHOLDS)
