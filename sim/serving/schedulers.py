@@ -89,10 +89,11 @@ class VllmScheduler:
     def can_ever_fit(self, request: SimRequest) -> str:
         """Empty when the request can run alone on this replica; else the reason it never can."""
         need = blocks_for(request.prompt_tokens + request.output_tokens, self.blocks.block_size)
-        if need > self.blocks.capacity:
+        usable = self.blocks.capacity - self.watermark_blocks
+        if need > usable:
             return (
                 f"prompt {request.prompt_tokens} + output {request.output_tokens} tokens need {need} KV blocks; "
-                f"the replica holds {self.blocks.capacity}"
+                f"the replica holds {self.blocks.capacity} ({usable} usable above the 1 % admission watermark)"
             )
         return ""
 

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import simpy
 
-from sim.training.schedules import PipeOp, splits_backward, stage_program
+from sim.training.schedules import Step, splits_backward, stage_steps
 from sim.training.work import PipelineWork
 
 _AXES_IN_CHUNKS = ("tp", "cp", "ep")
@@ -154,121 +154,108 @@ def _validate(work: PipelineWork) -> None:
             raise ValueError(f"PipelineWork.p2p_latency_s[{i}] = {work.p2p_latency_s[i]} must be >= 0")
 
 
-# Compiled op fields (a tuple per op, indexed by these positions for speed).
-_KIND, _MB, _CHUNK, _WORK, _B_SHARE, _DEP, _SEND, _BUCKETS, _GATHER_WAIT, _GATHER_ISSUE, _GATHER_AFTER = range(11)
+# Compiled op: (kind, microbatch, chunk, work_s, b_share, dep_slot, send, buckets, gather_wait,
+# gather_issue, gather_after); see _compile_stage.
 _KIND_F, _KIND_B, _KIND_W, _KIND_BW = 0, 1, 2, 3
+_NAMES = {_KIND_F: "F", _KIND_B: "B", _KIND_W: "W", _KIND_BW: "B"}
 
 
-def _compile_stage(work: PipelineWork, s: int, program: tuple[PipeOp, ...]) -> list[tuple[Any, ...]]:
-    """Turn a stage program into executable records: durations, dependency slots, sends, buckets."""
+def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[Any, ...]]:
+    """Turn a stage program into executable records: durations, dependency slots, sends, buckets.
+
+    Dependency slots: F-input of (global chunk g, micro-batch i) is slot 2 (g m + i), B-input 2 (g m + i) + 1.
+    ``send`` = (direction 0 fwd / 1 bwd, link index or -1 when the neighbour chunk is local, slot,
+    bytes, target stage). Unless the schedule splits the backward, a B and the W right after it
+    become one fused op (kind _KIND_BW) whose gradient is sent at its end.
+    """
     pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
-    nglobal = pp * v
-    chunks = work.stages[s].chunks
+    last_global = pp * v - 1
+    stage_work = work.stages[s]
     split = splits_backward(work.schedule)
-    fsdp = bool(work.stages[s].param_gather)
+    fsdp = bool(stage_work.param_gather)
 
-    # Fuse each B with the W that immediately follows it unless the schedule splits the backward.
-    merged: list[tuple[int, int, int]] = []  # (kind, microbatch, chunk)
-    i = 0
-    while i < len(program):
-        op = program[i]
-        if op.kind == "F":
-            merged.append((_KIND_F, op.microbatch, op.chunk))
-        elif op.kind == "B":
-            nxt = program[i + 1] if i + 1 < len(program) else None
-            fuse = (
-                not split
-                and nxt is not None
-                and nxt.kind == "W"
-                and nxt.microbatch == op.microbatch
-                and nxt.chunk == op.chunk
+    # Per chunk constants: (g, F work, B work, B+W work, B share of B+W, W work, bytes, fwd link, bwd link)
+    consts = []
+    for c, cw in enumerate(stage_work.chunks):
+        g = c * pp + s
+        fused = cw.backward_input_s + cw.backward_weight_s
+        consts.append(
+            (
+                g,
+                cw.forward_s,
+                cw.backward_input_s,
+                fused,
+                cw.backward_input_s / fused if fused > 0.0 else 1.0,
+                cw.backward_weight_s,
+                cw.send_bytes,
+                s if (g + 1) % pp != s else -1,
+                (s - 1) % pp if (g - 1) % pp != s else -1,
             )
-            merged.append((_KIND_BW if fuse else _KIND_B, op.microbatch, op.chunk))
-            i += 1 if fuse else 0
+        )
+
+    ops: list[list[Any]] = []
+    final_index: dict[int, int] = {}  # chunk -> index of the op that completes its weight gradients
+    seen_f: set[int] = set()
+    seen_b: set[int] = set()
+    i, n = 0, len(steps)
+    while i < n:
+        kind_name, mb, c = steps[i]
+        g, f_s, b_s, bw_s, b_share, w_s, nbytes, fwd_link, bwd_link = consts[c]
+        if kind_name == "F":
+            dep = 2 * (g * m + mb) if g > 0 else -1
+            send = (0, fwd_link, 2 * ((g + 1) * m + mb), nbytes, (g + 1) % pp) if g < last_global else None
+            op = [_KIND_F, mb, c, f_s, 0.0, dep, send, None, None, None, None]
+            if fsdp and c not in seen_f:
+                seen_f.add(c)
+                op[8] = ("f", c)
+                if c + 1 < v:
+                    op[9] = ("f", c + 1)
+                if c == v - 1:
+                    op[10] = ("b", c)
+        elif kind_name == "B":
+            fuse = not split and i + 1 < n and steps[i + 1] == ("W", mb, c)
+            dep = 2 * (g * m + mb) + 1 if g < last_global else -1
+            send = (1, bwd_link, 2 * ((g - 1) * m + mb) + 1, nbytes, (g - 1) % pp) if g > 0 else None
+            if fuse:
+                op = [_KIND_BW, mb, c, bw_s, b_share, dep, send, None, None, None, None]
+                final_index[c] = len(ops)
+                i += 1
+            else:
+                op = [_KIND_B, mb, c, b_s, 1.0, dep, send, None, None, None, None]
+            if fsdp and c not in seen_b:
+                seen_b.add(c)
+                op[8] = ("b", c)
+                if c > 0:
+                    op[9] = ("b", c - 1)
         else:
-            merged.append((_KIND_W, op.microbatch, op.chunk))
+            final_index[c] = len(ops)
+            op = [_KIND_W, mb, c, w_s, 0.0, -1, None, None, None, None, None]
+        ops.append(op)
         i += 1
 
-    # Final gradient op of each chunk (last op in program order that does W work for it).
-    final_index: dict[int, int] = {}
-    for index, (kind, _mb, chunk) in enumerate(merged):
-        if kind in (_KIND_W, _KIND_BW):
-            final_index[chunk] = index
+    # Gradient buckets: split over the chunks' final gradient ops in program order, spread evenly in each.
+    buckets = stage_work.grad_sync
     finals = sorted(final_index.values())
-    buckets = work.stages[s].grad_sync
-    bucket_plan: dict[int, tuple[tuple[float, int], ...]] = {}
     for k, index in enumerate(finals):
         lo, hi = k * len(buckets) // len(finals), (k + 1) * len(buckets) // len(finals)
-        count = hi - lo
-        if count:
-            bucket_plan[index] = tuple(((q + 1) / count, lo + q) for q in range(count))
-
-    first_f: dict[int, int] = {}
-    first_b: dict[int, int] = {}
-    for index, (kind, _mb, chunk) in enumerate(merged):
-        if kind == _KIND_F:
-            first_f.setdefault(chunk, index)
-        elif kind in (_KIND_B, _KIND_BW):
-            first_b.setdefault(chunk, index)
-
-    compiled: list[tuple[Any, ...]] = []
-    for index, (kind, mb, chunk) in enumerate(merged):
-        cw = chunks[chunk]
-        g = chunk * pp + s
-        dep = -1
-        send = None
-        gather_wait = gather_issue = gather_after = None
-        if kind == _KIND_F:
-            duration, b_share = cw.forward_s, 0.0
-            if g > 0:
-                dep = (g * m + mb) * 2
-            if g < nglobal - 1:
-                link = s if (g + 1) % pp != s else -1  # -1: the next chunk is local (pp == 1)
-                send = (0, link, ((g + 1) * m + mb) * 2, cw.send_bytes, (g + 1) % pp)
-            if fsdp and first_f[chunk] == index:
-                gather_wait = ("f", chunk)
-                if chunk + 1 < v:
-                    gather_issue = ("f", chunk + 1)
-                if chunk == v - 1:
-                    gather_after = ("b", chunk)
-        elif kind == _KIND_W:
-            duration, b_share = cw.backward_weight_s, 0.0
-        else:
-            duration = cw.backward_input_s + (cw.backward_weight_s if kind == _KIND_BW else 0.0)
-            b_share = cw.backward_input_s / duration if duration > 0.0 else 1.0
-            if g < nglobal - 1:
-                dep = (g * m + mb) * 2 + 1
-            if g > 0:
-                link = (s - 1) % pp if (g - 1) % pp != s else -1
-                send = (1, link, ((g - 1) * m + mb) * 2 + 1, cw.send_bytes, (g - 1) % pp)
-            if fsdp and first_b[chunk] == index:
-                gather_wait = ("b", chunk)
-                if chunk > 0:
-                    gather_issue = ("b", chunk - 1)
-        compiled.append(
-            (kind, mb, chunk, duration, b_share, dep, send, bucket_plan.get(index), gather_wait, gather_issue, gather_after)
-        )
-    return compiled
-
-
-_NAMES = {_KIND_F: "F", _KIND_B: "B", _KIND_W: "W", _KIND_BW: "B"}
+        if hi > lo:
+            ops[index][7] = tuple(((q + 1) / (hi - lo), lo + q) for q in range(hi - lo))
+    return [tuple(op) for op in ops]
 
 
 def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     """Simulate one iteration of ``work`` event by event; see ``PipelineResult`` for the metrics."""
     _validate(work)
     pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
-    programs = [stage_program(work.schedule, pp, s, m, v) for s in range(pp)]
-    compiled = [_compile_stage(work, s, programs[s]) for s in range(pp)]
+    compiled = [_compile_stage(work, s, stage_steps(work.schedule, pp, s, m, v)) for s in range(pp)]
 
     env = simpy.Environment()
     arrivals: list[tuple[float, float, float] | None] = [None] * (2 * pp * v * m)
     waiting: dict[int, simpy.Event] = {}
     link_free = [[0.0] * pp, [0.0] * pp]  # [direction][link]: 0 = forward (s -> s+1), 1 = backward
-    link_time = [
-        [work.p2p_latency_s[i] if i < len(work.p2p_latency_s) else 0.0 for i in range(pp)],
-        [work.p2p_bandwidth_Bps[i] if i < len(work.p2p_bandwidth_Bps) else 0.0 for i in range(pp)],
-    ]
+    # links beyond those _validate requires are never used (pp - 1 links without a wrap-around)
+    link_latency = [work.p2p_latency_s[i] if i < len(work.p2p_latency_s) else 0.0 for i in range(pp)]
+    link_bandwidth = [work.p2p_bandwidth_Bps[i] if i < len(work.p2p_bandwidth_Bps) else 0.0 for i in range(pp)]
     events: list[TraceEvent] = []
     streams = [_DpStream(work.overlap_slowdown) for _ in range(pp)]
     busy = [0.0] * pp
@@ -288,25 +275,24 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         return end
 
     def stage_process(s: int):  # type: ignore[no-untyped-def]
-        ops = compiled[s]
         stream = streams[s]
+        advance = stream.advance
         stage_work = work.stages[s]
-        chunks = stage_work.chunks
+        activation = [c.activation_bytes for c in stage_work.chunks]
         gathers = stage_work.param_gather
         gather_done: dict[tuple[str, int], float] = {}
         if gathers:
             g0 = gathers[0]
             gather_done[("f", 0)] = dp_kernel(s, 0.0, g0.duration_s, "param_gather c0 fwd", g0.axis)
-        held_bytes = 0.0
-        held = 0
-        acc_prev = 0.0
-        free_t = 0.0
         timeline = timelines[s]
-        for op in ops:
-            kind = op[_KIND]
+        timeout = env.timeout
+        held_bytes = peak = 0.0
+        held = peak_held = 0
+        busy_s = nominal_s = 0.0
+        acc_prev = free_t = 0.0
+        for kind, mb, chunk, duration, b_share, dep, send, plan, g_wait, g_issue, g_after in compiled[s]:
             start = free_t
             acc = acc_prev
-            dep = op[_DEP]
             if dep >= 0:
                 entry = arrivals[dep]
                 if entry is None:
@@ -317,76 +303,71 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
                 if arrival > start:
                     start = arrival
                     acc = acc_in + (arrival - produced)
-            gather_wait = op[_GATHER_WAIT]
-            if gather_wait is not None:
-                ready = gather_done[gather_wait]
+            if g_wait is not None:
+                ready = gather_done[g_wait]
                 if ready > start:
                     gather_waits[s] += ready - start
                     start = ready
-            if op[_GATHER_ISSUE] is not None:
-                direction, chunk = op[_GATHER_ISSUE]
-                gw = gathers[chunk]
-                gather_done[(direction, chunk)] = dp_kernel(
-                    s, start, gw.duration_s, f"param_gather c{chunk} {'fwd' if direction == 'f' else 'bwd'}", gw.axis
-                )
-            duration = op[_WORK]
-            plan = op[_BUCKETS]
+            if g_issue is not None:
+                gw = gathers[g_issue[1]]
+                label = f"param_gather c{g_issue[1]} {'fwd' if g_issue[0] == 'f' else 'bwd'}"
+                gather_done[g_issue] = dp_kernel(s, start, gw.duration_s, label, gw.axis)
             if plan is None:
-                end = stream.advance(start, duration)
+                end = advance(start, duration)
             else:
-                t, done = start, 0.0
+                end, done = start, 0.0
                 for fraction, bucket in plan:
                     point = fraction * duration
-                    t = stream.advance(t, point - done)
+                    end = advance(end, point - done)
                     done = point
                     comm = stage_work.grad_sync[bucket]
-                    dp_kernel(s, t, comm.duration_s, f"grad_sync bucket {bucket}", comm.axis)
-                end = t
+                    dp_kernel(s, end, comm.duration_s, f"grad_sync bucket {bucket}", comm.axis)
             now = env.now
             if end > now:
-                yield env.timeout(end - now)
-            busy[s] += end - start
-            slow_extra[s] += (end - start) - duration
-            mb, chunk = op[_MB], op[_CHUNK]
+                yield timeout(end - now)
+            busy_s += end - start
+            nominal_s += duration
             b_end = end
             if kind == _KIND_F:
-                held_bytes += chunks[chunk].activation_bytes
+                held_bytes += activation[chunk]
                 held += 1
-                if held_bytes > peak_bytes[s]:
-                    peak_bytes[s] = held_bytes
-                if held > peak_inflight[s]:
-                    peak_inflight[s] = held
+                if held_bytes > peak:
+                    peak = held_bytes
+                if held > peak_held:
+                    peak_held = held
                 timeline.append((end, held_bytes))
-                if op[_GATHER_AFTER] is not None:
+                if g_after is not None:
                     gb = gathers[chunk]
-                    gather_done[op[_GATHER_AFTER]] = dp_kernel(s, end, gb.duration_s, f"param_gather c{chunk} bwd", gb.axis)
+                    gather_done[g_after] = dp_kernel(s, end, gb.duration_s, f"param_gather c{chunk} bwd", gb.axis)
             elif kind != _KIND_W:
-                b_end = start + (end - start) * op[_B_SHARE]
-                held_bytes -= chunks[chunk].activation_bytes
+                if b_share != 1.0:
+                    b_end = start + (end - start) * b_share
+                held_bytes -= activation[chunk]
                 held -= 1
                 timeline.append((b_end, held_bytes))
             if trace:
-                label = f"{_NAMES[kind]}{mb}" if v == 1 else f"{_NAMES[kind]}{mb}.c{chunk}"
-                args = {"kind": _NAMES[kind], "microbatch": mb, "chunk": chunk}
+                name = _NAMES[kind]
+                label = f"{name}{mb}" if v == 1 else f"{name}{mb}.c{chunk}"
+                args = {"kind": name, "microbatch": mb, "chunk": chunk}
                 events.append(TraceEvent(s, "compute", label, start, b_end, args))
                 if kind == _KIND_BW:
-                    events.append(TraceEvent(s, "compute", f"W{label[1:]}", b_end, end, {**args, "kind": "W"}))
-            send = op[_SEND]
+                    events.append(TraceEvent(s, "compute", "W" + label[1:], b_end, end, {**args, "kind": "W"}))
             if send is not None:
                 direction, link, slot, nbytes, target = send
                 if link < 0:
                     tx_start = arrival = end
                 else:
-                    tx_start = end if end > link_free[direction][link] else link_free[direction][link]
-                    arrival = tx_start + nbytes / link_time[1][link] + link_time[0][link]
-                    link_free[direction][link] = arrival
+                    free = link_free[direction]
+                    tx_start = end if end > free[link] else free[link]
+                    arrival = tx_start + nbytes / link_bandwidth[link] + link_latency[link]
+                    free[link] = arrival
+                    if trace:
+                        what = "act" if direction == 0 else "grad"
+                        events.append(
+                            TraceEvent(s, "p2p", f"{what} {mb}.c{chunk} -> stage {target}", tx_start, arrival, {"bytes": nbytes})
+                        )
                 entry = (arrival, end, acc)
                 arrivals[slot] = entry
-                if trace and link >= 0:
-                    what = "act" if direction == 0 else "grad"
-                    events.append(
-                        TraceEvent(s, "p2p", f"{what} {mb}.c{chunk} -> stage {target}", tx_start, arrival, {"bytes": nbytes})
-                    )
                 waiter = waiting.pop(slot, None)
                 if waiter is not None:
                     waiter.succeed(entry)
@@ -394,6 +375,10 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
             acc_prev = acc
         compute_end[s] = free_t
         acc_pp_end[s] = acc_prev
+        busy[s] = busy_s
+        slow_extra[s] = busy_s - nominal_s
+        peak_bytes[s] = peak
+        peak_inflight[s] = peak_held
         finished[s] = True
 
     for s in range(pp):

@@ -67,43 +67,38 @@ def _check(schedule: str, pp: int, stage: int, num_microbatches: int, virtual_st
         )
 
 
-def _backward(microbatch: int, chunk: int) -> tuple[PipeOp, PipeOp]:
-    return PipeOp(kind="B", microbatch=microbatch, chunk=chunk), PipeOp(kind="W", microbatch=microbatch, chunk=chunk)
+Step = tuple[str, int, int]  # (kind, microbatch, chunk): a PipeOp as a plain tuple, for the executor's hot loop
 
 
-def _gpipe(m: int) -> list[PipeOp]:
+def _gpipe(m: int) -> list[Step]:
     # Huang et al. 2019 (GPipe): all forwards, then all backwards (ascending micro-batch order, as
     # torch.distributed.pipelining's ScheduleGPipe); every stage keeps all m micro-batches in flight.
-    ops = [PipeOp(kind="F", microbatch=i, chunk=0) for i in range(m)]
+    ops: list[Step] = [("F", i, 0) for i in range(m)]
     for i in range(m):
-        ops.extend(_backward(i, 0))
+        ops.append(("B", i, 0))
+        ops.append(("W", i, 0))
     return ops
 
 
-def _one_f_one_b(pp: int, stage: int, m: int, deferred_w: int) -> list[PipeOp]:
-    """PipeDream-flush / 1F1B (Narayanan et al. 2021, Sec. 2.2.1) with ``deferred_w`` W ops moved to the end.
+def _one_f_one_b(pp: int, stage: int, m: int, deferred_w: int) -> list[Step]:
+    """PipeDream-flush / 1F1B (Narayanan et al. 2021, Sec. 2.2.1) with the first ``deferred_w`` W ops moved to the end.
 
     Warm-up of min(pp - stage - 1, m) forwards, steady state one F then one B, cool-down of the
     remaining B: at most pp - stage micro-batches are in flight on the stage.
     """
     warmup = min(pp - stage - 1, m)
-    ops = [PipeOp(kind="F", microbatch=i, chunk=0) for i in range(warmup)]
-
-    def backward(i: int) -> None:
-        ops.append(PipeOp(kind="B", microbatch=i, chunk=0))
-        if i >= deferred_w:
-            ops.append(PipeOp(kind="W", microbatch=i, chunk=0))
-
-    for k in range(m - warmup):
-        ops.append(PipeOp(kind="F", microbatch=warmup + k, chunk=0))
-        backward(k)
-    for k in range(m - warmup, m):
-        backward(k)
-    ops.extend(PipeOp(kind="W", microbatch=i, chunk=0) for i in range(min(deferred_w, m)))
+    ops: list[Step] = [("F", i, 0) for i in range(warmup)]
+    for k in range(m):
+        if k < m - warmup:
+            ops.append(("F", warmup + k, 0))
+        ops.append(("B", k, 0))
+        if k >= deferred_w:
+            ops.append(("W", k, 0))
+    ops.extend(("W", i, 0) for i in range(min(deferred_w, m)))
     return ops
 
 
-def _interleaved(pp: int, stage: int, m: int, v: int) -> list[PipeOp]:
+def _interleaved(pp: int, stage: int, m: int, v: int) -> list[Step]:
     """Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2) with v chunks per stage.
 
     The k-th forward (0..m*v-1) of a stage runs micro-batch (k // (pp*v)) * pp + k % pp on local
@@ -115,21 +110,31 @@ def _interleaved(pp: int, stage: int, m: int, v: int) -> list[PipeOp]:
     total = m * v
     warmup = total if m == pp else min(2 * (pp - stage - 1) + (v - 1) * pp, total)
 
-    def op(kind: OpKind, k: int) -> PipeOp:
-        in_group = k % (pp * v)
-        microbatch = (k // (pp * v)) * pp + k % pp
-        chunk = in_group // pp
-        return PipeOp(kind=kind, microbatch=microbatch, chunk=chunk if kind == "F" else v - 1 - chunk)
+    def forward(k: int) -> Step:
+        return ("F", (k // (pp * v)) * pp + k % pp, (k % (pp * v)) // pp)
 
-    ops = [op("F", k) for k in range(warmup)]
-    for k in range(total - warmup):
-        ops.append(op("F", warmup + k))
-        b = op("B", k)
-        ops.extend(_backward(b.microbatch, b.chunk))
-    for k in range(total - warmup, total):
-        b = op("B", k)
-        ops.extend(_backward(b.microbatch, b.chunk))
+    ops = [forward(k) for k in range(warmup)]
+    for k in range(total):
+        if k < total - warmup:
+            ops.append(forward(warmup + k))
+        microbatch, chunk = (k // (pp * v)) * pp + k % pp, v - 1 - (k % (pp * v)) // pp
+        ops.append(("B", microbatch, chunk))
+        ops.append(("W", microbatch, chunk))
     return ops
+
+
+def stage_steps(schedule: str, pp: int, stage: int, num_microbatches: int, virtual_stages: int = 1) -> list[Step]:
+    """``stage_program`` as (kind, microbatch, chunk) tuples (cheaper for the executor)."""
+    _check(schedule, pp, stage, num_microbatches, virtual_stages)
+    m = num_microbatches
+    if schedule == "gpipe":
+        return _gpipe(m)
+    if schedule == "1f1b" or (schedule == "interleaved" and virtual_stages == 1):
+        # interleaving with one chunk per stage is plain 1F1B (Megatron-LM picks the same schedule)
+        return _one_f_one_b(pp, stage, m, deferred_w=0)
+    if schedule == "interleaved":
+        return _interleaved(pp, stage, m, virtual_stages)
+    return _one_f_one_b(pp, stage, m, deferred_w=min(stage, m))
 
 
 def stage_program(
@@ -143,18 +148,10 @@ def stage_program(
     list of PaddlePaddle's ``pipeline_scheduler_ZBH1`` pass). Raises ``InvalidPlanError`` on an
     unknown schedule or an invalid degree.
     """
-    _check(schedule, pp, stage, num_microbatches, virtual_stages)
-    m = num_microbatches
-    if schedule == "gpipe":
-        ops = _gpipe(m)
-    elif schedule == "1f1b" or (schedule == "interleaved" and virtual_stages == 1):
-        # interleaving with one chunk per stage is plain 1F1B (Megatron-LM picks the same schedule)
-        ops = _one_f_one_b(pp, stage, m, deferred_w=0)
-    elif schedule == "interleaved":
-        ops = _interleaved(pp, stage, m, virtual_stages)
-    else:
-        ops = _one_f_one_b(pp, stage, m, deferred_w=min(stage, m))
-    return tuple(ops)
+    return tuple(
+        PipeOp(kind=kind, microbatch=microbatch, chunk=chunk)  # type: ignore[arg-type]
+        for kind, microbatch, chunk in stage_steps(schedule, pp, stage, num_microbatches, virtual_stages)
+    )
 
 
 def max_inflight_microbatches(program: tuple[PipeOp, ...]) -> int:
