@@ -91,16 +91,18 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed runs; the best is compared with the target")
     args = parser.parse_args()
     work = synthetic_work() if args.synthetic else cost_builder_work()
-    walls = []
+    walls, cpus = [], []
     for _ in range(args.repeat):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         result = run_pipeline(work)
         walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu_start)
     ops = 3 * work.num_microbatches * work.virtual_stages * work.pp
     print(f"1T model, pp={work.pp}, m={work.num_microbatches}, schedule={work.schedule}, {ops} ops "
           f"({'synthetic' if args.synthetic else 'sim.training.costs'} durations)")
     print(f"simulated iteration {result.iteration_time_s:.3f} s, bubble {result.bubble_fraction:.3f}")
     print(f"run_pipeline wall: best {min(walls):.3f} s, runs {', '.join(f'{w:.3f}' for w in walls)} (target <= {TARGET_S} s)")
+    print(f"run_pipeline CPU time: best {min(cpus):.3f} s (wall exceeds it when other processes share the cores)")
     return 0 if min(walls) <= TARGET_S else 1
 
 

@@ -15,7 +15,7 @@ from hardware.specs import Tier
 from hardware.transfer import transfer_time_s
 from sim import costmodel
 from sim.training.config import TrainingSetup
-from sim.training.memory import activation_bytes_per_layer, memory_per_stage
+from sim.training.memory import activation_bytes_per_layer, memory_per_stage, shard_degrees
 from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.plan import stage_layer_counts
@@ -37,8 +37,10 @@ class Ranks:
 
     tp: tuple[int, ...]
     cp: tuple[int, ...]
-    dp: tuple[int, ...]
+    dp: tuple[int, ...]  # the data-parallel x context-parallel group ZeRO shards and reduces over
     ep: tuple[int, ...]
+    dp_shard: tuple[int, ...]  # HSDP: the in-node part of the dp group (== dp without HSDP)
+    dp_replicate: tuple[int, ...]  # HSDP: one rank per shard group (a single rank without HSDP)
 
 
 def rank_of(setup: TrainingSetup, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
@@ -52,18 +54,25 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     for j in range(plan.ep):  # expert group: consecutive ranks of the (cp x dp) space
         cp_index, dp_index = j % plan.cp, j // plan.cp
         ep_ranks.append(rank_of(setup, cp=cp_index, dp=dp_index, pp=stage))
+    dp_cp = tuple(rank_of(setup, cp=j % plan.cp, dp=j // plan.cp, pp=stage) for j in range(plan.cp * plan.dp))
+    shard, _ = shard_degrees(plan, setup.cluster.node.gpus_per_node)
     return Ranks(
         tp=tuple(rank_of(setup, tp=t, pp=stage) for t in range(plan.tp)),
         cp=tuple(rank_of(setup, cp=c, pp=stage) for c in range(plan.cp)),
-        dp=tuple(rank_of(setup, dp=d, pp=stage) for d in range(plan.dp)),
+        dp=dp_cp,
         ep=tuple(ep_ranks),
+        dp_shard=dp_cp[:shard],
+        dp_replicate=dp_cp[::shard],
     )
 
 
 def group_links(setup: TrainingSetup, stage: int) -> dict[str, GroupLinks]:
     ranks = stage_ranks(setup, stage)
     cluster = setup.cluster
-    return {axis: cluster.group_links(list(getattr(ranks, axis))) for axis in ("tp", "cp", "dp", "ep")}
+    return {
+        axis: cluster.group_links(list(getattr(ranks, axis)))
+        for axis in ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate")
+    }
 
 
 def _sharding(setup: TrainingSetup) -> Sharding:
@@ -106,6 +115,8 @@ def layer_passes(setup: TrainingSetup, moe: bool) -> tuple[list[Op], list[Op], l
         sharding=_sharding(setup),
         moe=moe,
         bytes_per_element=bytes_per_element("bf16" if job.precision == "fp8" else job.precision),
+        # fp8 training (Transformer Engine) casts both GEMM operands to fp8; activations stay bf16
+        weight_bytes_per_element=bytes_per_element(job.precision),
         causal=causal,
         fused_attention=setup.attention_kernel == "flash",
     )
@@ -292,7 +303,8 @@ def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLi
     """Data-parallel gradient buckets of one stage (empty when dp == 1).
 
     ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
-    all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``). Gradients travel in
+    all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
+    inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
     fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
     fp16 for fp16 training.
     """
@@ -304,12 +316,21 @@ def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLi
     grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     kind = Collective.ALL_REDUCE if plan.zero == 0 else Collective.REDUCE_SCATTER
+    shard = links["dp_shard"].size if plan.hsdp else group.size
+
+    def seconds(message: float) -> float:
+        if not plan.hsdp:
+            return collective_time_s(kind, message, group)
+        return collective_time_s(Collective.REDUCE_SCATTER, message, links["dp_shard"]) + collective_time_s(
+            Collective.ALL_REDUCE, message / shard, links["dp_replicate"]
+        )
+
     buckets = []
     remaining = params
     while remaining > 0:
         size = min(bucket, remaining)
         message = size * grad_bytes
-        buckets.append(CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=collective_time_s(kind, message, group)))
+        buckets.append(CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=seconds(message)))
         remaining -= size
     return tuple(buckets)
 
@@ -317,7 +338,7 @@ def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLi
 def param_gather_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> tuple[CommWork, ...]:
     """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
     plan = setup.plan
-    group = links["dp"]
+    group = links["dp_shard"] if plan.hsdp else links["dp"]
     if plan.zero != 3 or group.size <= 1:
         return ()
     params = stage_parameters_per_rank(setup, stage)

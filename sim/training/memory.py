@@ -254,7 +254,7 @@ def _stage_layer_kinds(model: ModelSpec, plan: ParallelPlan, stage: int) -> tupl
     return dense, moe
 
 
-def _shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
+def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
     """(dense, expert) data-parallel shard degrees for ZeRO.
 
     Megatron rank order puts tp fastest, then cp x dp, so a node of ``gpus_per_node`` GPUs holds
@@ -316,7 +316,7 @@ def stage_memory(
     # model-state bytes per rank before sharding
     weight_bytes = WEIGHT_BYTES * (dense + expert) + (FP8_WEIGHT_CACHE_BYTES * matmul if job.precision == "fp8" else 0.0)
     state_per_param = ADAM_STATE_BYTES if job.optimizer == "adam" else SGD_STATE_BYTES
-    dense_shard, expert_shard = _shard_degrees(plan, gpus_per_node)
+    dense_shard, expert_shard = shard_degrees(plan, gpus_per_node)
 
     params = dense + expert
     # fraction of this rank's parameters it keeps when sharded over the data-parallel groups
