@@ -163,12 +163,21 @@ class StepCostModel:
         sequences = [(c.query_tokens, c.context_tokens + c.query_tokens) for c in chunks]
         # positions whose logits are sampled: the last token of each chunk, all k+1 of a verification
         sampled = sum(c.query_tokens if c.is_decode else 1 for c in chunks)
-        seconds = self.forward_time_s(plan.num_tokens, sequences, sampled)
         drafts = max((c.query_tokens - 1 for c in chunks if c.is_decode), default=0)
+        decode_contexts = [c.context_tokens for c in chunks if c.is_decode] if drafts > 0 else []
+        return self.batch_time_s(plan.num_tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+
+    def batch_time_s(
+        self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int, *, drafts: int = 0,
+        decode_contexts: Sequence[int] = (),
+    ) -> float:
+        """A step of ``len(sequences)`` requests, given as (query, key) pairs: forward pass, drafting
+        of ``drafts`` tokens for the requests decoding at ``decode_contexts``, and CPU overheads."""
+        seconds = self.forward_time_s(tokens, sequences, sampled)
         if drafts > 0:
             if self.draft is not None:
-                decode = [(1, c.context_tokens + 1) for c in chunks if c.is_decode]
+                decode = [(1, context + 1) for context in decode_contexts]
                 seconds += drafts * self.draft.forward_time_s(len(decode), decode, len(decode))
             else:
                 seconds *= 1.0 + self.draft_free_overhead
-        return seconds + self.step_overhead_s + self.request_overhead_s * len(chunks)
+        return seconds + self.step_overhead_s + self.request_overhead_s * len(sequences)
