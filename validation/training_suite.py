@@ -82,6 +82,9 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
             "virtual_stages": virtual,
             "recompute": row["recompute"],
             "tp_comm_overlap": _bool(row["tp_comm_overlap"]),
+            # Megatron-LM of 2021-22 reduced gradients after the backward pass; overlapping the
+            # reduction with backward (--overlap-grad-reduce) arrived with Megatron-Core
+            "dp_comm_overlap": _bool(row["dp_comm_overlap"]),
         },
     }
 

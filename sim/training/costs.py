@@ -25,10 +25,27 @@ from workloads.precision import bytes_per_element
 # `bucket_size = max(40000000, 1000000 * dp_size)`).
 BUCKET_PARAMETERS = 40_000_000
 
-# Bytes of HBM touched per parameter by a mixed-precision Adam step: read fp32 gradient, master
-# weight, m and v (16), write master, m and v (12), write the 16-bit model weight (2).
-ADAM_BYTES_PER_PARAMETER = 30.0
-SGD_BYTES_PER_PARAMETER = 14.0  # read grad, master (8), write master (4), write 16-bit weight (2)
+# HBM bytes touched per parameter of the local optimizer shard by one mixed-precision step, after
+# Megatron-LM's optimizer (megatron/core/optimizer): fused Adam reads the fp32 gradient, master
+# weight, m and v (16) and writes master, m and v (12); copying master weights into the 16-bit
+# model weights reads 4 and writes 2; the gradient-norm for clipping reads every fp32 gradient (4);
+# zeroing the gradient buffer for the next iteration writes it (4). With fp16 the loss-scale step
+# also unscales the gradients and checks them for inf/NaN (read and write, 8).
+ADAM_BYTES_PER_PARAMETER = 16.0 + 12.0
+SGD_BYTES_PER_PARAMETER = 8.0 + 4.0  # read gradient and master weight, write master weight
+MASTER_TO_MODEL_BYTES_PER_PARAMETER = 4.0 + 2.0
+GRAD_NORM_BYTES_PER_PARAMETER = 4.0
+ZERO_GRAD_BYTES_PER_PARAMETER = 4.0
+FP16_UNSCALE_BYTES_PER_PARAMETER = 8.0
+
+
+def optimizer_bytes_per_parameter(optimizer: str, precision: str) -> float:
+    """HBM traffic of one optimizer step per parameter of the rank's shard (see the constants)."""
+    update = ADAM_BYTES_PER_PARAMETER if optimizer == "adam" else SGD_BYTES_PER_PARAMETER
+    extra = MASTER_TO_MODEL_BYTES_PER_PARAMETER + GRAD_NORM_BYTES_PER_PARAMETER + ZERO_GRAD_BYTES_PER_PARAMETER
+    if precision == "fp16":
+        extra += FP16_UNSCALE_BYTES_PER_PARAMETER
+    return update + extra
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,8 +274,10 @@ def chunk_cost(
             recompute_flops += pass_cost.recompute_flops
     tokens = job.micro_batch * job.seq_len // plan.cp
     send = tokens * model.hidden * bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
-    if plan.sequence_parallel and plan.tp > 1:
-        send /= plan.tp  # Megatron's scatter-gather: each TP rank sends its 1/tp slice
+    if plan.tp > 1:
+        # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends
+        # its 1/tp slice between stages and the receiver all-gathers it over NVLink
+        send /= plan.tp
     per_layer_activation = activation_bytes_per_layer(model, plan, job, flash_attention=setup.attention_kernel == "flash")
     work = ChunkWork(
         forward_s=sum(c.forward.total_s for c in costs),
@@ -361,8 +380,9 @@ def optimizer_time_s(setup: TrainingSetup, stage: int, links: Mapping[str, Group
     """
     plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
     params = stage_parameters_per_rank(setup, stage)
-    shard = params / plan.dp if plan.zero >= 1 else params
-    per_param = ADAM_BYTES_PER_PARAMETER if setup.job.optimizer == "adam" else SGD_BYTES_PER_PARAMETER
+    sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
+    shard = params / sharded_over if plan.zero >= 1 else params
+    per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision)
     if plan.offload == "none":
         seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
     else:
@@ -370,7 +390,7 @@ def optimizer_time_s(setup: TrainingSetup, stage: int, links: Mapping[str, Group
         seconds = shard * per_param / dram_share_Bps
         seconds += transfer_time_s(shard * 2.0, Tier.CPU, Tier.HBM, node, gpu)  # updated 16-bit parameters up
         if plan.offload == "nvme":
-            state_bytes = shard * (ADAM_BYTES_PER_PARAMETER - 2.0) * 0.5  # read and write m, v, master: half each way
+            state_bytes = shard * 12.0  # fp32 master, m and v: read from and written back to NVMe
             seconds += transfer_time_s(state_bytes, Tier.NVME, Tier.CPU, node, gpu) + transfer_time_s(state_bytes, Tier.CPU, Tier.NVME, node, gpu)
     if plan.zero in (1, 2) and links["dp"].size > 1 and not setup.dp_comm_overlap:
         seconds += collective_time_s(Collective.ALL_GATHER, params * 2.0, links["dp"])
