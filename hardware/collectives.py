@@ -81,6 +81,38 @@ _HW_LATENCY_US: dict[str, dict[Algorithm, dict[Protocol, float]]] = {
 # NVLS / NVLS-Tree hwLat, Simple only: 25 us (NCCL 2.2x, nccl#1334).
 _NVLS_LATENCY_S = 25.0 * units.us
 
+# ---- Channel / step structure (the mid-size ramp) ----
+# NCCL splits a collective over nChannels rings; each channel moves its share through a FIFO of
+# NCCL_STEPS = 8 slots (src/include/collectives.h / devcomm.h). One slot ("step") holds, per protocol:
+#   Simple: NCCL_BUFFSIZE 4 MiB / 8 = 512 KiB;
+#   LL128:  NCCL_LL128_ELEMS_PER_THREAD 120 x 8 B x NCCL_LL128_MAX_NTHREADS 640 = 614,400 B, of which
+#           120/128 is data (8 B flag per 128 B line);
+#   LL:     NCCL_LL_LINES_PER_THREAD 8 x 16 B x NCCL_LL_MAX_NTHREADS 512 = 64 KiB, half of it data.
+# (The same buffer sizes are restated in aws-ofi-nccl src/tuner ring model, reference C2/4.4.)
+_NCCL_STEPS = 8
+_STEP_DATA_BYTES: dict[Protocol, float] = {
+    Protocol.SIMPLE: 4 * units.MiB / _NCCL_STEPS,
+    Protocol.LL128: 120 * 8 * 640 * 120 / 128,
+    Protocol.LL: 8 * 16 * 512 / 2,
+}
+# A ring step cannot start on a rank before its predecessor's step landed, so every collective
+# pays a pipeline fill/drain of ALLREDUCE_CHUNKSTEPS = NCCL_STEPS / 2 = 4 step transfers per
+# channel (collectives.h) at the channel's share of the bus bandwidth. Each transfer carries one
+# step slot, or less when the message is smaller: its per-rank per-channel share S / (n x nCh).
+# Summed over channels this is fill = 4 x min(nCh x step, S / n) / busBw: at mid sizes the fill
+# grows with S (a lower bus bandwidth plateau), and beyond nCh x n x step it is a fixed latency.
+_PIPELINE_FILL_STEPS = _NCCL_STEPS // 2
+# NCCL's topology search builds rings of one NVLink each and duplicates them (two channels per
+# link) up to MAXCHANNELS = 32 (src/graph/search.cc, src/include/comm.h); an NVLink3/4 link is
+# 25 GB/s per direction, so one channel stands for 12.5 GB/s of link rate: DGX A100 300 / 12.5 =
+# 24 channels (NCCL's "24 coll channels" on DGX A100), H100/H200 450 / 12.5 = 36 -> 32.
+_CHANNEL_LINK_RATE_Bps = 12.5 * units.GBps
+_MAX_CHANNELS = 32
+# NVLS: NCCL_NVLS_NCHANNELS default 16 channels; chunk 128 KiB (comm->nvlsChunkSize default,
+# enqueue.cc), halved down to 16 KiB when the message cannot give every channel x head 2-64 chunks.
+_NVLS_CHANNELS = 16
+_NVLS_CHUNK_BYTES = 128 * units.KiB
+
 # Protocol bandwidth fractions of the bus bandwidth (NCCL tuning.cc, ncclTopoTuneModel):
 # ring LL busBw x 1/4 (all-reduce or multi-node) else 1/3; ring LL128 x 0.92 (0.7 with one rank
 # per node); tree busBw x 0.92, then LL x 1/3.8, LL128 x 7/9 (one node) or 120/128 (several nodes).
@@ -163,6 +195,22 @@ def _bus_bandwidth_Bps(links: GroupLinks) -> float:
     return inter if links.ranks_per_node <= 1 else min(intra, inter)
 
 
+def num_channels(links: GroupLinks) -> int:
+    """Rings NCCL builds for this group: one per 12.5 GB/s of intra-node link rate (two per
+    NVLink), at least 1, at most MAXCHANNELS = 32."""
+    return max(1, min(_MAX_CHANNELS, round(links.intra_bandwidth_Bps / _CHANNEL_LINK_RATE_Bps)))
+
+
+def pipeline_fill_bytes(message_bytes: float, links: GroupLinks, protocol: Protocol) -> float:
+    """Bytes' worth of bus time a ring spends filling its pipeline: ALLREDUCE_CHUNKSTEPS (4) step
+    transfers per channel, each the smaller of a step slot and the per-rank per-channel share
+    S / (n nCh); summed over channels, 4 x min(nCh x step, S / n)."""
+    if links.size <= 1 or message_bytes <= 0:
+        return 0.0
+    per_rank = message_bytes / links.size
+    return _PIPELINE_FILL_STEPS * min(num_channels(links) * _STEP_DATA_BYTES[protocol], per_rank)
+
+
 def _ring_fraction(kind: Collective, links: GroupLinks, protocol: Protocol) -> float:
     if protocol == Protocol.LL:
         return 0.25 if (links.num_nodes > 1 or kind == Collective.ALL_REDUCE) else 1.0 / 3.0
@@ -184,7 +232,8 @@ def _ring_time_s(kind: Collective, message_bytes: float, links: GroupLinks, prot
         + inter_steps * inter_step_s
     )
     bandwidth = _bus_bandwidth_Bps(links) * _ring_fraction(kind, links, protocol)
-    return latency_s + bus_factor(kind, n) * message_bytes / bandwidth
+    fill_s = pipeline_fill_bytes(message_bytes, links, protocol) / bandwidth
+    return latency_s + bus_factor(kind, n) * message_bytes / bandwidth + fill_s
 
 
 def _tree_time_s(message_bytes: float, links: GroupLinks, protocol: Protocol) -> float:

@@ -35,11 +35,16 @@ PARALLEL_KEYS = (
 )
 ATTENTION_KERNELS = ("flash", "unfused")
 
-# Compute slowdown while a communication kernel shares the SMs. NCCL ring kernels occupy one SM per
-# channel (NCCL's default of up to 32 channels on NVSwitch systems: 32 / 108 SMs on A100, 32 / 132
-# on H100); overlapped GEMMs lose about that share of the machine. Calculon models the same effect
-# as `processor_usage`; calibratable per run with [parallel] overlap_slowdown.
-DEFAULT_OVERLAP_SLOWDOWN = 1.0 / (1.0 - 16.0 / 108.0)
+# SMs a communication kernel occupies while it overlaps compute: NCCL runs one thread block per
+# channel, its blocks never share an SM with compute kernels, and on a DGX with 8 NICs it uses 16 SMs
+# (NCCL maintainer, NVIDIA/nccl#689). Overlapped compute loses that share of the GPU (Calculon models
+# the same effect as `processor_usage`); calibratable per run with [parallel] overlap_slowdown.
+COMMUNICATION_SMS = 16
+
+
+def default_overlap_slowdown(sm_count: int) -> float:
+    """Compute slowdown (>= 1) while a communication kernel holds COMMUNICATION_SMS of ``sm_count`` SMs."""
+    return sm_count / (sm_count - min(COMMUNICATION_SMS, sm_count // 2))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -153,7 +158,9 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         attention_kernel=attention_kernel,
         dp_comm_overlap=_bool(parallel, "dp_comm_overlap", "parallel", True),
         expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0),
-        overlap_slowdown=_float(parallel, "overlap_slowdown", "parallel", DEFAULT_OVERLAP_SLOWDOWN, 1.0),
+        overlap_slowdown=_float(
+            parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0
+        ),
     )
 
 
