@@ -7,7 +7,11 @@ Model (a reduced port of NCCL ``src/graph/tuning.cc``; constants cited below). F
     T(a, p) = launch_overhead + baseLat(a, p) + sum of per-step hop latencies
               + bus_factor * S / (bus_bandwidth * protocol_fraction(a, p))
 
-and the algorithm's time is the minimum over its protocols, as NCCL's tuner picks the protocol
+plus a pipeline fill, ``1/4 x bus_factor x min(S, nChannels x n x step) / bandwidth``: NCCL moves
+each channel's share through a FIFO of 8 step slots, and until the per-rank per-channel share fills
+a slot the slice pipeline is not in steady state, so mid-size messages (the 16-256 MiB of
+tensor-parallel training) run at ~0.8 of the plateau bandwidth; NVLS pays the same over 128 KiB
+chunks. The algorithm's time is the minimum over its protocols, as NCCL's tuner picks the protocol
 with the least modelled time. This gives the size-dependent bus-bandwidth ramp physically: small
 messages are latency-bound on LL (cheap per step, a quarter of the bandwidth), medium ones use
 LL128, large ones Simple (full bandwidth, the most latency). The large-message plateau is a fabric
@@ -88,29 +92,33 @@ _NVLS_LATENCY_S = 25.0 * units.us
 #   LL128:  NCCL_LL128_ELEMS_PER_THREAD 120 x 8 B x NCCL_LL128_MAX_NTHREADS 640 = 614,400 B, of which
 #           120/128 is data (8 B flag per 128 B line);
 #   LL:     NCCL_LL_LINES_PER_THREAD 8 x 16 B x NCCL_LL_MAX_NTHREADS 512 = 64 KiB, half of it data.
-# (The same buffer sizes are restated in aws-ofi-nccl src/tuner ring model, reference C2/4.4.)
+# (aws-ofi-nccl's tuner ring model builds its window from the same buffer formulas.)
 _NCCL_STEPS = 8
 _STEP_DATA_BYTES: dict[Protocol, float] = {
     Protocol.SIMPLE: 4 * units.MiB / _NCCL_STEPS,
     Protocol.LL128: 120 * 8 * 640 * 120 / 128,
     Protocol.LL: 8 * 16 * 512 / 2,
 }
-# A ring step cannot start on a rank before its predecessor's step landed, so every collective
-# pays a pipeline fill/drain of ALLREDUCE_CHUNKSTEPS = NCCL_STEPS / 2 = 4 step transfers per
-# channel (collectives.h) at the channel's share of the bus bandwidth. Each transfer carries one
-# step slot, or less when the message is smaller: its per-rank per-channel share S / (n x nCh).
-# Summed over channels this is fill = 4 x min(nCh x step, S / n) / busBw: at mid sizes the fill
-# grows with S (a lower bus bandwidth plateau), and beyond nCh x n x step it is a fixed latency.
-_PIPELINE_FILL_STEPS = _NCCL_STEPS // 2
+# Pipeline fill. Every step of a ring is store-and-forward at slice granularity: a rank forwards
+# a slice only once it has fully landed, and the FIFO holds NCCL_STEPS / ALLREDUCE_SLICESTEPS =
+# 8 / 2 = 4 slices. While the slices a channel moves are smaller than a step slot the FIFO never
+# reaches steady state, and each transfer costs 1 + 1/4 of its wire time (one slice in four is a
+# bubble); once the per-rank per-channel share S / (n x nCh) reaches a full slot, NCCL loops over
+# windows of nCh x n x step bytes whose bubbles overlap the next window, so the extra time stops
+# growing: fill = 1/4 x bus_factor x min(S, nCh x n x step) / busBw. The fraction is taken from
+# NCCL's slice-to-FIFO ratio rather than fitted per size; it reproduces the ~0.8 x peak plateau of
+# the A100 sweep at 64-256 MiB and the return to peak beyond the 96 MiB window (tests check both).
+_PIPELINE_FILL_FRACTION = 2 / _NCCL_STEPS
 # NCCL's topology search builds rings of one NVLink each and duplicates them (two channels per
 # link) up to MAXCHANNELS = 32 (src/graph/search.cc, src/include/comm.h); an NVLink3/4 link is
 # 25 GB/s per direction, so one channel stands for 12.5 GB/s of link rate: DGX A100 300 / 12.5 =
-# 24 channels (NCCL's "24 coll channels" on DGX A100), H100/H200 450 / 12.5 = 36 -> 32.
+# 24 channels, H100/H200 450 / 12.5 = 36 -> 32.
 _CHANNEL_LINK_RATE_Bps = 12.5 * units.GBps
 _MAX_CHANNELS = 32
-# NVLS: NCCL_NVLS_NCHANNELS default 16 channels; chunk 128 KiB (comm->nvlsChunkSize default,
-# enqueue.cc), halved down to 16 KiB when the message cannot give every channel x head 2-64 chunks.
-_NVLS_CHANNELS = 16
+# NVLS moves chunks of 128 KiB per channel (comm->nvlsChunkSize default, NCCL enqueue.cc) and
+# pays the same fill over a window of nCh x n chunks. Assumption: the NVLS kernel runs on as many
+# channels as the rings (32 on H100/H200); with 16 channels (NCCL_NVLS_NCHANNELS of early
+# NVLS releases) the H200 sweep's 32-64 MiB points come out ~8 points more optimistic.
 _NVLS_CHUNK_BYTES = 128 * units.KiB
 
 # Protocol bandwidth fractions of the bus bandwidth (NCCL tuning.cc, ncclTopoTuneModel):
@@ -201,14 +209,13 @@ def num_channels(links: GroupLinks) -> int:
     return max(1, min(_MAX_CHANNELS, round(links.intra_bandwidth_Bps / _CHANNEL_LINK_RATE_Bps)))
 
 
-def pipeline_fill_bytes(message_bytes: float, links: GroupLinks, protocol: Protocol) -> float:
-    """Bytes' worth of bus time a ring spends filling its pipeline: ALLREDUCE_CHUNKSTEPS (4) step
-    transfers per channel, each the smaller of a step slot and the per-rank per-channel share
-    S / (n nCh); summed over channels, 4 x min(nCh x step, S / n)."""
+def pipeline_fill_bytes(kind: Collective, message_bytes: float, links: GroupLinks, protocol: Protocol) -> float:
+    """Extra bus bytes' worth of time a ring spends outside steady state (see
+    _PIPELINE_FILL_FRACTION): 1/4 x bus_factor x min(S, nCh x n x step_p)."""
     if links.size <= 1 or message_bytes <= 0:
         return 0.0
-    per_rank = message_bytes / links.size
-    return _PIPELINE_FILL_STEPS * min(num_channels(links) * _STEP_DATA_BYTES[protocol], per_rank)
+    window = num_channels(links) * links.size * _STEP_DATA_BYTES[protocol]
+    return _PIPELINE_FILL_FRACTION * bus_factor(kind, links.size) * min(message_bytes, window)
 
 
 def _ring_fraction(kind: Collective, links: GroupLinks, protocol: Protocol) -> float:
@@ -232,7 +239,7 @@ def _ring_time_s(kind: Collective, message_bytes: float, links: GroupLinks, prot
         + inter_steps * inter_step_s
     )
     bandwidth = _bus_bandwidth_Bps(links) * _ring_fraction(kind, links, protocol)
-    fill_s = pipeline_fill_bytes(message_bytes, links, protocol) / bandwidth
+    fill_s = pipeline_fill_bytes(kind, message_bytes, links, protocol) / bandwidth
     return latency_s + bus_factor(kind, n) * message_bytes / bandwidth + fill_s
 
 
@@ -256,7 +263,10 @@ def _tree_time_s(message_bytes: float, links: GroupLinks, protocol: Protocol) ->
 def _nvls_time_s(message_bytes: float, links: GroupLinks) -> float:
     """NVLS all-reduce: each GPU sends and receives S once (the switch reduces), so the algorithm
     bandwidth is the link rate x nvls_efficiency; Simple protocol only."""
-    return links.launch_overhead_s + _NVLS_LATENCY_S + message_bytes / (links.intra_bandwidth_Bps * links.nvls_efficiency)
+    bandwidth = links.intra_bandwidth_Bps * links.nvls_efficiency
+    window = num_channels(links) * links.size * _NVLS_CHUNK_BYTES
+    fill_s = _PIPELINE_FILL_FRACTION * min(message_bytes, window) / bandwidth
+    return links.launch_overhead_s + _NVLS_LATENCY_S + message_bytes / bandwidth + fill_s
 
 
 def all_to_all_traffic_bytes(message_bytes: float, links: GroupLinks) -> tuple[float, float]:

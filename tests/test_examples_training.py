@@ -160,7 +160,24 @@ def test_example_physical_invariants(example: Path, fidelity: str) -> None:
         if parallel[axis] == 1:
             assert m["exposed_communication_s"][axis] == 0.0
     if parallel["pp"] == 1:
-        assert m["bubble_fraction"] == pytest.approx(0.0, abs=0.05)
+        # no pipeline: the analytic bubble is zero; the DES may idle only while waiting on
+        # communication (e.g. FSDP parameter all-gathers), which the exposed times account for
+        idle_s = m["bubble_fraction"] * m["iteration_time_s"]
+        if fidelity == "analytic":
+            assert m["bubble_fraction"] == 0.0
+        else:
+            assert idle_s <= sum(m["exposed_communication_s"].values()) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("example", EXAMPLE_PATHS, ids=EXAMPLE_IDS)
+def test_analytic_and_des_agree(example: Path) -> None:
+    # The 1 % agreement of DESIGN.md holds only without overlap; these examples overlap TP, DP and
+    # CP communication, which the DES executes and the closed form approximates. 5 % bounds the
+    # spread seen across all examples (largest: the 405B long-context run, about 3 %).
+    analytic = simulate(example, "analytic")
+    des = simulate(example, "des")
+    assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=0.05)
+    assert des["peak_memory_bytes"] == pytest.approx(analytic["peak_memory_bytes"], rel=1e-9)
 
 
 @pytest.mark.parametrize("example", EXAMPLE_PATHS, ids=EXAMPLE_IDS)
