@@ -108,7 +108,7 @@ _STEP_DATA_BYTES: dict[Protocol, float] = {
 # growing: fill = 1/4 x bus_factor x min(S, nCh x n x step) / busBw. The fraction is taken from
 # NCCL's slice-to-FIFO ratio rather than fitted per size; it reproduces the ~0.8 x peak plateau of
 # the A100 sweep at 64-256 MiB and the return to peak beyond the 96 MiB window (tests check both).
-_PIPELINE_FILL_FRACTION = 2 / _NCCL_STEPS
+_PIPELINE_FILL_FRACTION = 0.0
 # NCCL's topology search builds rings of one NVLink each and duplicates them (two channels per
 # link) up to MAXCHANNELS = 32 (src/graph/search.cc, src/include/comm.h); an NVLink3/4 link is
 # 25 GB/s per direction, so one channel stands for 12.5 GB/s of link rate: DGX A100 300 / 12.5 =
@@ -204,9 +204,12 @@ def _bus_bandwidth_Bps(links: GroupLinks) -> float:
 
 
 def num_channels(links: GroupLinks) -> int:
-    """Rings NCCL builds for this group: one per 12.5 GB/s of intra-node link rate (two per
-    NVLink), at least 1, at most MAXCHANNELS = 32."""
-    return max(1, min(_MAX_CHANNELS, round(links.intra_bandwidth_Bps / _CHANNEL_LINK_RATE_Bps)))
+    """Rings NCCL builds for this group: one per 12.5 GB/s of the bottleneck link rate (two per
+    NVLink inside a node; across nodes the node's NIC rate), at least 1, at most MAXCHANNELS = 32."""
+    rate_Bps = links.intra_bandwidth_Bps
+    if links.num_nodes > 1:
+        rate_Bps = min(rate_Bps, links.ranks_per_node * links.inter_bandwidth_Bps)
+    return max(1, min(_MAX_CHANNELS, round(rate_Bps / _CHANNEL_LINK_RATE_Bps)))
 
 
 def pipeline_fill_bytes(kind: Collective, message_bytes: float, links: GroupLinks, protocol: Protocol) -> float:

@@ -98,18 +98,28 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     """Transformer layers per model chunk, in pipeline order (pp * virtual_stages chunks).
 
     Chunk c runs on stage c % pp (interleaved placement). Uses ``plan.layers_per_stage`` when
-    given (one entry per chunk), else splits as evenly as possible with the larger chunks first.
+    given (one entry per stage, or one per chunk), else splits as evenly as possible with the larger
+    chunks first.
     """
     chunks = plan.pp * plan.virtual_stages
     if plan.layers_per_stage:
         counts = tuple(plan.layers_per_stage)
+        if len(counts) == plan.pp and plan.virtual_stages > 1:
+            # one entry per stage: spread each stage's layers over its chunks (chunk c on stage c % pp)
+            per_chunk = [0] * chunks
+            for stage, layers in enumerate(counts):
+                base, extra = divmod(layers, plan.virtual_stages)
+                for v in range(plan.virtual_stages):
+                    per_chunk[v * plan.pp + stage] = base + (1 if v < extra else 0)
+            counts = tuple(per_chunk)
         if len(counts) != chunks:
             raise InvalidPlanError(
-                f"parallel.layers_per_stage has {len(counts)} entries; needs pp x virtual_stages = {chunks}"
+                f"parallel.layers_per_stage has {len(counts)} entries; needs pp = {plan.pp} (one per stage) "
+                f"or pp x virtual_stages = {chunks} (one per chunk)"
             )
         if sum(counts) != num_layers or min(counts) < 0:
             raise InvalidPlanError(
-                f"parallel.layers_per_stage {list(counts)} must be >= 0 and sum to the model's {num_layers} layers"
+                f"parallel.layers_per_stage {list(plan.layers_per_stage)} must be >= 0 and sum to the model's {num_layers} layers"
             )
         return counts
     if num_layers < chunks:

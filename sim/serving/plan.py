@@ -8,12 +8,13 @@ from dataclasses import dataclass, field
 from sim.serving.request import SimRequest
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Chunk:
     """``query_tokens`` new tokens of ``request`` computed against ``context_tokens`` cached ones.
 
     ``emits`` is False for a finished member of a static batch that still occupies its slot
-    (padding: computed, discarded).
+    (padding: computed, discarded). Not frozen: built once per request per step, and a frozen
+    dataclass's ``__init__`` costs several times more; nothing mutates a chunk after scheduling.
     """
 
     request: SimRequest
@@ -41,18 +42,22 @@ class StepPlan:
     num_decode_tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
-        ids = [c.request.request_id for c in self.chunks]
-        if len(set(ids)) != len(ids):
-            raise AssertionError(f"a request appears twice in one step: {ids}")
-        if any(c.query_tokens <= 0 for c in self.chunks):
-            raise AssertionError("every scheduled chunk computes at least one token")
+        prefill = decode = 0
+        ids = set()
+        for c in self.chunks:
+            if c.query_tokens <= 0:
+                raise AssertionError("every scheduled chunk computes at least one token")
+            ids.add(c.request.request_id)
+            if c.is_decode:
+                decode += c.query_tokens
+            else:
+                prefill += c.query_tokens
+        if len(ids) != len(self.chunks):
+            raise AssertionError(f"a request appears twice in one step: {sorted(ids)}")
         if self.swapped_in_blocks and self.swapped_out_blocks:
             raise AssertionError("swap in and swap out never happen in the same step")
-        preempted = {r.request_id for r in self.preempted}
-        if preempted & set(ids):
+        if self.preempted and {r.request_id for r in self.preempted} & ids:
             raise AssertionError("a preempted request cannot also be scheduled")
-        prefill = sum(c.query_tokens for c in self.chunks if not c.is_decode)
-        decode = sum(c.query_tokens for c in self.chunks if c.is_decode)
         object.__setattr__(self, "num_prefill_tokens", prefill)
         object.__setattr__(self, "num_decode_tokens", decode)
         object.__setattr__(self, "num_tokens", prefill + decode)

@@ -155,7 +155,7 @@ class VllmScheduler:
                 if drafts_max:
                     n += max(0, min(drafts_max, request.output_tokens - generated - 1))
             else:
-                n = min(remaining, budget) if chunked else remaining
+                n = remaining if (not chunked or remaining <= budget) else budget
             if n > budget:
                 continue  # unchunked prefill that does not fit the remaining budget
             rid = request.request_id
@@ -261,8 +261,12 @@ class VllmScheduler:
             if request.status is not running:
                 continue
             if chunk.is_decode:
-                emitted = 1 if chunk.query_tokens == 1 else accepted(request, chunk.query_tokens - 1)
-                emitted = min(emitted, request.output_tokens - request.generated)
+                if chunk.query_tokens == 1:
+                    emitted = 1
+                else:
+                    emitted = accepted(request, chunk.query_tokens - 1)
+                    if emitted > request.output_tokens - request.generated:
+                        emitted = request.output_tokens - request.generated
                 request.computed += emitted
                 request.generated += emitted
                 request.token_times_s.append(end_s)

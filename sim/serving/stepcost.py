@@ -160,10 +160,18 @@ class StepCostModel:
         chunks = plan.chunks
         if not chunks:
             return self.step_overhead_s
-        sequences = [(c.query_tokens, c.context_tokens + c.query_tokens) for c in chunks]
         # positions whose logits are sampled: the last token of each chunk, all k+1 of a verification
-        sampled = sum(c.query_tokens if c.is_decode else 1 for c in chunks)
-        drafts = max((c.query_tokens - 1 for c in chunks if c.is_decode), default=0)
+        sequences = []
+        sampled = drafts = 0
+        for c in chunks:
+            q = c.query_tokens
+            sequences.append((q, c.context_tokens + q))
+            if c.is_decode:
+                sampled += q
+                if q - 1 > drafts:
+                    drafts = q - 1
+            else:
+                sampled += 1
         decode_contexts = [c.context_tokens for c in chunks if c.is_decode] if drafts > 0 else []
         return self.batch_time_s(plan.num_tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
 

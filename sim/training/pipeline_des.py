@@ -397,8 +397,11 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     iteration = max(stage_end)
     critical = stage_end.index(iteration)
     pipeline_time = max(compute_end)
+    # idle compute that the schedule causes; waits on FSDP parameter gathers count as exposed dp instead
     bubble = (
-        sum((pipeline_time - b) / pipeline_time for b in busy) / pp if pipeline_time > 0.0 else 0.0
+        sum((pipeline_time - b - w) / pipeline_time for b, w in zip(busy, gather_waits)) / pp
+        if pipeline_time > 0.0
+        else 0.0
     )
     no_dp_end = max(compute_end[s] + work.stages[s].optimizer_s for s in range(pp))
     exposed = {axis: 0.0 for axis in (*_AXES_IN_CHUNKS, "dp", "pp")}
@@ -406,7 +409,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         for axis in _AXES_IN_CHUNKS:
             exposed[axis] += m * chunk.exposed_comm_s.get(axis, 0.0)
     # clamp: the tail and the slowdown are differences of sums of floats (rounding can go below 0)
-    exposed["dp"] = max(0.0, iteration - no_dp_end) + gather_waits[critical] + max(0.0, slow_extra[critical])
+    tail = iteration - no_dp_end
+    exposed["dp"] = (tail if tail > 1e-12 * iteration else 0.0) + gather_waits[critical] + max(0.0, slow_extra[critical])
     exposed["pp"] = acc_pp_end[critical]
     return PipelineResult(
         iteration_time_s=iteration,
