@@ -7,7 +7,7 @@ so the analytic model, the DES and the search agree by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from hardware import cost
 from hardware.collectives import Collective, GroupLinks, collective_time_s
@@ -37,9 +37,18 @@ def gemm_bytes_per_element(op: Op) -> float:
     return (act_elements * op.bytes_per_element + weight_elements * op.weight_bytes_per_element) / total
 
 
-def op_time_s(op: Op, gpu: GpuSpec, *, precision: str, links: Mapping[str, GroupLinks]) -> float:
+def op_time_s(
+    op: Op,
+    gpu: GpuSpec,
+    *,
+    precision: str,
+    links: Mapping[str, GroupLinks],
+    collective_time: Callable[[Collective, float, GroupLinks], float] = collective_time_s,
+) -> float:
     """Seconds of one op on ``gpu``; GEMMs and attention run at the dense peak of ``precision``;
-    collectives use the process group of their axis from ``links`` (a missing axis = group of one)."""
+    collectives use the process group of their axis from ``links`` (a missing axis = group of one).
+    ``collective_time`` prices a collective: ``hardware.collectives.collective_time_s`` or a
+    memoized wrapper of it (``sim.training.pricing_cache.PricingCache.collective_s``)."""
     if op.kind == "gemm":
         return cost.gemm_time_s(
             gpu, op.m, op.n, op.k, precision=precision, bytes_per_element=gemm_bytes_per_element(op), batch=op.batch
@@ -65,7 +74,7 @@ def op_time_s(op: Op, gpu: GpuSpec, *, precision: str, links: Mapping[str, Group
         group = links.get(op.axis)
         if group is None or group.size <= 1:
             return 0.0
-        return collective_time_s(Collective(op.collective), op.message_bytes, group)
+        return collective_time(Collective(op.collective), op.message_bytes, group)
     raise ValueError(f"op {op.name}: unknown kind '{op.kind}'")
 
 

@@ -16,6 +16,7 @@ from hardware.transfer import transfer_time_s
 from sim import costmodel
 from sim.training.config import TrainingSetup
 from sim.training.memory import activation_bytes_per_layer, memory_per_stage, shard_degrees
+from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.plan import stage_layer_counts
@@ -83,13 +84,32 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     )
 
 
-def group_links(setup: TrainingSetup, stage: int) -> dict[str, GroupLinks]:
-    ranks = stage_ranks(setup, stage)
-    cluster = setup.cluster
+GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate")
+
+
+def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
+    """``stage_ranks`` as arithmetic progressions (first rank, stride, count) per axis: in Megatron
+    order every group of a stage is evenly spaced (tp by 1; cp, dp x cp and ep by tp; the HSDP
+    replicate group by tp x shard), which lets a search cache the links without listing ranks."""
+    plan = setup.plan
+    base = rank_of(setup, pp=stage)
+    dp_cp = plan.cp * plan.dp
+    shard, _ = shard_degrees(plan, setup.cluster.node.gpus_per_node)
     return {
-        axis: cluster.group_links(list(getattr(ranks, axis)))
-        for axis in ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate")
+        "tp": (base, 1, plan.tp),
+        "cp": (base, plan.tp, plan.cp),
+        "dp": (base, plan.tp, dp_cp),
+        "ep": (base, plan.tp, plan.ep),
+        "dp_shard": (base, plan.tp, min(shard, dp_cp)),
+        "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
     }
+
+
+def group_links(setup: TrainingSetup, stage: int, cache: PricingCache | None = None) -> dict[str, GroupLinks]:
+    """The links each process group of ``stage`` sees (see ``stage_groups``)."""
+    cache = cache if cache is not None else PricingCache()
+    cluster = setup.cluster
+    return {axis: cache.group_links(cluster, *spec) for axis, spec in stage_groups(setup, stage).items()}
 
 
 def _sharding(setup: TrainingSetup) -> Sharding:
@@ -162,7 +182,9 @@ class PassCost:
         return self.compute_s + sum(self.exposed_comm_s.values())
 
 
-def price_pass(setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks]) -> PassCost:
+def price_pass(
+    setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> PassCost:
     """Compute plus the communication left on the critical path.
 
     TP collectives block the compute stream unless ``tp_comm_overlap`` (then they hide behind the
@@ -170,10 +192,11 @@ def price_pass(setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLin
     K/V ring overlaps the attention kernel; expert all-to-alls always block.
     """
     gpu, precision = setup.cluster.gpu, setup.job.precision
+    collective_time = cache.collective_s if cache is not None else collective_time_s
     compute = gemm = attention = flops = recompute_flops = 0.0
     comm: dict[str, float] = {}
     for op in ops:
-        seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links)
+        seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
         if op.kind == "collective":
             comm[op.axis] = comm.get(op.axis, 0.0) + seconds
             continue
@@ -215,14 +238,19 @@ class LayerCost:
     recompute_s: float  # part of backward_input spent re-running forward ops
 
 
-def price_layer(setup: TrainingSetup, ops: tuple[list[Op], list[Op], list[Op]], links: Mapping[str, GroupLinks]) -> LayerCost:
+def price_layer(
+    setup: TrainingSetup,
+    ops: tuple[list[Op], list[Op], list[Op]],
+    links: Mapping[str, GroupLinks],
+    cache: PricingCache | None = None,
+) -> LayerCost:
     f_ops, b_ops, w_ops = ops
     recompute = [op for op in b_ops if op.recompute]
     return LayerCost(
-        forward=price_pass(setup, f_ops, links),
-        backward_input=price_pass(setup, b_ops, links),
-        backward_weight=price_pass(setup, w_ops, links),
-        recompute_s=price_pass(setup, recompute, links).total_s if recompute else 0.0,
+        forward=price_pass(setup, f_ops, links, cache),
+        backward_input=price_pass(setup, b_ops, links, cache),
+        backward_weight=price_pass(setup, w_ops, links, cache),
+        recompute_s=price_pass(setup, recompute, links, cache).total_s if recompute else 0.0,
     )
 
 
@@ -255,6 +283,7 @@ def chunk_cost(
     last: bool,
     links: Mapping[str, GroupLinks],
     layer_cache: dict[bool, LayerCost],
+    cache: PricingCache | None = None,
 ) -> ChunkCost:
     """F, B and W of one micro-batch through a chunk holding ``layers`` (global layer indices)."""
     model, job, plan = setup.model, setup.job, setup.plan
@@ -262,9 +291,9 @@ def chunk_cost(
     for layer in layers:
         moe = model.is_moe and layer >= model.dense_layers
         if moe not in layer_cache:
-            layer_cache[moe] = price_layer(setup, layer_passes(setup, moe), links)
+            layer_cache[moe] = price_layer(setup, layer_passes(setup, moe), links, cache)
         costs.append(layer_cache[moe])
-    costs += [price_layer(setup, ops, links) for ops in end_ops(setup, first=first, last=last)]
+    costs += [price_layer(setup, ops, links, cache) for ops in end_ops(setup, first=first, last=last)]
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
     for cost in costs:
@@ -318,16 +347,20 @@ def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
     return params
 
 
-def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> tuple[CommWork, ...]:
+def grad_sync_work(
+    setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> tuple[CommWork, ...]:
     """Data-parallel gradient buckets of one stage (empty when dp == 1).
 
     ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
     all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
     inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
     fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
-    fp16 for fp16 training.
+    fp16 for fp16 training. All full buckets have one size, so they are priced once.
     """
     plan = setup.plan
+    cache = cache if cache is not None else PricingCache()
+    collective = cache.collective_s
     group = links["dp"]
     if group.size <= 1:
         return ()
@@ -339,8 +372,8 @@ def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLi
 
     def seconds(message: float) -> float:
         if not plan.hsdp:
-            return collective_time_s(kind, message, group)
-        return collective_time_s(Collective.REDUCE_SCATTER, message, links["dp_shard"]) + collective_time_s(
+            return collective(kind, message, group)
+        return collective(Collective.REDUCE_SCATTER, message, links["dp_shard"]) + collective(
             Collective.ALL_REDUCE, message / shard, links["dp_replicate"]
         )
 
@@ -354,7 +387,9 @@ def grad_sync_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLi
     return tuple(buckets)
 
 
-def param_gather_work(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> tuple[CommWork, ...]:
+def param_gather_work(
+    setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> tuple[CommWork, ...]:
     """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
@@ -362,14 +397,14 @@ def param_gather_work(setup: TrainingSetup, stage: int, links: Mapping[str, Grou
         return ()
     params = stage_parameters_per_rank(setup, stage)
     per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
-    return tuple(
-        CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk,
-                 duration_s=collective_time_s(Collective.ALL_GATHER, per_chunk, group))
-        for _ in range(plan.virtual_stages)
-    )
+    seconds = (cache.collective_s if cache is not None else collective_time_s)(Collective.ALL_GATHER, per_chunk, group)
+    gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
+    return (gather,) * plan.virtual_stages
 
 
-def optimizer_time_s(setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks]) -> float:
+def optimizer_time_s(
+    setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> float:
     """The optimizer step of one rank, with the traffic it implies.
 
     On the GPU it is memory-bound over the rank's optimizer shard (ZeRO >= 1 shards it dp ways).
@@ -393,7 +428,8 @@ def optimizer_time_s(setup: TrainingSetup, stage: int, links: Mapping[str, Group
             state_bytes = shard * 12.0  # fp32 master, m and v: read from and written back to NVMe
             seconds += transfer_time_s(state_bytes, Tier.NVME, Tier.CPU, node, gpu) + transfer_time_s(state_bytes, Tier.CPU, Tier.NVME, node, gpu)
     if plan.zero in (1, 2) and links["dp"].size > 1 and not setup.dp_comm_overlap:
-        seconds += collective_time_s(Collective.ALL_GATHER, params * 2.0, links["dp"])
+        collective = cache.collective_s if cache is not None else collective_time_s
+        seconds += collective(Collective.ALL_GATHER, params * 2.0, links["dp"])
     return seconds
 
 
@@ -406,9 +442,11 @@ class IterationWork:
     recompute_flops_per_replica: float
 
 
-def p2p_links(setup: TrainingSetup) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Bandwidth and latency between stage i and stage (i + 1) % pp (first ranks of each stage)."""
     pp = setup.plan.pp
+    cluster = setup.cluster
+    cluster_id = cache.cluster_id(cluster) if cache is not None else None
     bandwidth, latency = [], []
     for stage in range(pp):
         src, dst = rank_of(setup, pp=stage), rank_of(setup, pp=(stage + 1) % pp)
@@ -416,51 +454,118 @@ def p2p_links(setup: TrainingSetup) -> tuple[tuple[float, ...], tuple[float, ...
             bandwidth.append(float("inf"))
             latency.append(0.0)
         else:
-            bw, lat = setup.cluster.p2p_links(src, dst)
+            if cache is None:
+                bw, lat = cluster.p2p_links(src, dst)
+            else:
+                bw, lat = cache.memo("p2p", (cluster_id, src, dst), lambda: cluster.p2p_links(src, dst))
             bandwidth.append(bw)
             latency.append(lat)
     return tuple(bandwidth), tuple(latency)
 
 
-def build_iteration(setup: TrainingSetup) -> IterationWork:
-    """Price every stage's chunks, gradient buckets and optimizer step."""
+def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
+    """(chunk context, whole setup) as interned ids: the first names everything a chunk's price
+    depends on besides its links and layers, the second everything a ``build_iteration`` result does."""
+    plan = setup.plan
+    chunk_context = cache.intern((
+        "chunk", cache.gpu_id(setup.cluster.gpu), setup.model, setup.job, setup.attention_kernel,
+        setup.expert_load_imbalance, setup.overlap_slowdown, plan.tp, plan.sequence_parallel, plan.cp, plan.ep,
+        plan.recompute, plan.tp_comm_overlap,
+    ))
+    setup_context = cache.intern(("setup", chunk_context, cache.cluster_id(setup.cluster), plan, setup.dp_comm_overlap))
+    return chunk_context, setup_context
+
+
+def _stage_components(
+    setup: TrainingSetup,
+    stage: int,
+    chunk_ranges: list[tuple[range, bool, bool]],
+    signature: tuple[tuple[int, int, bool, bool], ...],
+    links: Mapping[str, GroupLinks],
+    links_key: tuple[int, ...],
+    chunk_context: int,
+    cache: PricingCache,
+) -> tuple[tuple[ChunkWork, ...], tuple[tuple[float, float], ...], tuple[CommWork, ...], tuple[CommWork, ...], float]:
+    """(chunks, per-chunk (flops, recompute flops), gradient buckets, parameter gathers, optimizer
+    seconds) of one stage: everything of a ``StageWork`` but its index and static memory."""
+    # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
+    layer_cache: dict[bool, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
+    costs = [
+        cache.memo(
+            "chunk",
+            (chunk_context, links_key, chunk_signature),
+            lambda: chunk_cost(setup, layers=layers, first=first, last=last, links=links, layer_cache=layer_cache, cache=cache),
+        )
+        for (layers, first, last), chunk_signature in zip(chunk_ranges, signature)
+    ]
+    grad_sync = grad_sync_work(setup, stage, links, cache)
+    optimizer_s = optimizer_time_s(setup, stage, links, cache) + (
+        0.0 if setup.dp_comm_overlap else sum(c.duration_s for c in grad_sync)
+    )
+    return (
+        tuple(c.work for c in costs),
+        tuple((c.flops, c.recompute_flops) for c in costs),
+        grad_sync if setup.dp_comm_overlap else (),
+        param_gather_work(setup, stage, links, cache),
+        optimizer_s,
+    )
+
+
+def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> IterationWork:
+    """Price every stage's chunks, gradient buckets and optimizer step.
+
+    ``cache`` (a search passes one for all its evaluations) memoizes exact intermediate results;
+    without it a fresh one still prices identical stages (same chunks, links) once.
+    """
+    cache = cache if cache is not None else PricingCache()
     plan, model = setup.plan, setup.model
     counts = stage_layer_counts(model.layers, plan)
     starts = [sum(counts[:c]) for c in range(len(counts))]
     num_chunks = len(counts)
-    memory = memory_per_stage(model, plan, setup.job, capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes,
-                              flash_attention=setup.attention_kernel == "flash")
+    chunk_context, setup_context = pricing_keys(setup, cache)
+    capacity = setup.cluster.gpu.hbm_capacity_bytes
+    flash = setup.attention_kernel == "flash"
+    memory = cache.memo(
+        "memory",
+        (setup_context, capacity, flash),
+        lambda: memory_per_stage(model, plan, setup.job, capacity_bytes=capacity, flash_attention=flash),
+    )
+    dense_layers = model.dense_layers if model.is_moe else model.layers
     stages = []
     flops = recompute_flops = 0.0
     for stage in range(plan.pp):
-        links = group_links(setup, stage)
-        layer_cache: dict[bool, LayerCost] = {}
-        chunks = []
-        for chunk in range(stage, num_chunks, plan.pp):
-            cost = chunk_cost(
-                setup,
-                layers=range(starts[chunk], starts[chunk] + counts[chunk]),
-                first=chunk == 0,
-                last=chunk == num_chunks - 1,
-                links=links,
-                layer_cache=layer_cache,
-            )
-            chunks.append(cost.work)
-            flops += cost.flops
-            recompute_flops += cost.recompute_flops
+        links = group_links(setup, stage, cache)
+        chunk_ranges = [
+            (range(starts[chunk], starts[chunk] + counts[chunk]), chunk == 0, chunk == num_chunks - 1)
+            for chunk in range(stage, num_chunks, plan.pp)
+        ]
+        # a chunk's price depends on its layers only through how many are dense and how many MoE
+        # (dense layers come first), and on whether it holds the embedding / LM head
+        signature = tuple(
+            (min(max(dense_layers - layers.start, 0), len(layers)), len(layers), first, last)
+            for layers, first, last in chunk_ranges
+        )
+        links_key = tuple(cache.links_id(links[axis]) for axis in GROUP_AXES)
+        chunks, chunk_flops, grad_sync, param_gather, optimizer_s = cache.memo(
+            "stage",
+            (setup_context, links_key, signature),
+            lambda: _stage_components(setup, stage, chunk_ranges, signature, links, links_key, chunk_context, cache),
+        )
+        for chunk_flop, chunk_recompute_flop in chunk_flops:
+            flops += chunk_flop
+            recompute_flops += chunk_recompute_flop
         breakdown = memory[stage]
         stages.append(
             StageWork(
                 stage=stage,
-                chunks=tuple(chunks),
-                grad_sync=grad_sync_work(setup, stage, links) if setup.dp_comm_overlap else (),
-                param_gather=param_gather_work(setup, stage, links),
-                optimizer_s=optimizer_time_s(setup, stage, links)
-                + (0.0 if setup.dp_comm_overlap else sum(c.duration_s for c in grad_sync_work(setup, stage, links))),
+                chunks=chunks,
+                grad_sync=grad_sync,
+                param_gather=param_gather,
+                optimizer_s=optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )
         )
-    bandwidth, latency = p2p_links(setup)
+    bandwidth, latency = p2p_links(setup, cache)
     m = setup.num_microbatches
     ranks_per_stage = plan.tp * plan.cp
     pipeline = PipelineWork(

@@ -17,8 +17,11 @@ from hardware.collectives import (
     bus_bandwidth_Bps,
     collective_time_s,
     default_algorithm,
+    num_channels,
+    pipeline_fill_bytes,
     ring_alpha_beta_time_s,
 )
+from hardware.collectives import Protocol
 from hardware.specs import NicSpec
 from hardware.topology import build_cluster
 
@@ -39,10 +42,16 @@ H200_NVLS_SWEEP = [
     (32 * MiB, 275.84), (64 * MiB, 346.51), (128 * MiB, 401.93), (256 * MiB, 436.15), (512 * MiB, 450.29),
     (1 * GiB, 463.58), (2 * GiB, 469.17), (4 * GiB, 473.10), (8 * GiB, 477.45), (16 * GiB, 482.26),
 ]
-# Thresholds declared by the task: 35 % per point from 1 MiB, a factor 2 below (protocol switch
-# points and launch noise dominate small messages).
-LARGE_REL = 0.35
+# Thresholds: 20 % per point from 2 MiB (the mid-size task's target; the channel/pipeline-fill
+# model reaches at most 15 % there), 30 % at 1 MiB (the latency floor of 100 us at 1-4 MiB on A100
+# is a launch/protocol-switch effect the model gets to 25 %), a factor 2 below 1 MiB (protocol
+# switch points and launch noise dominate small messages).
+LARGE_REL = 0.20
+ONE_MIB_REL = 0.30
 SMALL_FACTOR = 2.0
+# Mean |error| over the tensor-parallel message band (8-256 MiB) must stay below 10 %: this is the
+# range the pipeline fill corrects (before it: +16..+34 % on A100, +8..+20 % on H200).
+TP_BAND_MEAN_REL = 0.10
 
 
 def _single_node(node_name: str, gpu_name: str) -> GroupLinks:
@@ -163,13 +172,21 @@ def test_chooser_never_picks_nvls_on_a100() -> None:
 
 
 def _check_sweep(links: GroupLinks, sweep: list[tuple[float, float]]) -> None:
-    failures = []
+    failures, band_errors = [], []
     for size, measured_GBps in sweep:
         ratio = bus_bandwidth_Bps(Collective.ALL_REDUCE, size, links) / (measured_GBps * units.GBps)
-        ok = abs(ratio - 1) <= LARGE_REL if size >= MiB else 1 / SMALL_FACTOR <= ratio <= SMALL_FACTOR
+        if size >= 2 * MiB:
+            ok = abs(ratio - 1) <= LARGE_REL
+        elif size >= MiB:
+            ok = abs(ratio - 1) <= ONE_MIB_REL
+        else:
+            ok = 1 / SMALL_FACTOR <= ratio <= SMALL_FACTOR
         if not ok:
             failures.append((size, measured_GBps, ratio))
+        if 8 * MiB <= size <= 256 * MiB:
+            band_errors.append(abs(ratio - 1))
     assert not failures
+    assert sum(band_errors) / len(band_errors) <= TP_BAND_MEAN_REL
 
 
 def test_a100_all_reduce_sweep() -> None:
@@ -189,3 +206,69 @@ def test_two_dgx_a100_all_reduce_over_four_hdr_nics() -> None:
     cluster = build_cluster(get_gpu("a100-sxm-80gb"), node, get_network("ib-hdr-fat-tree"), 16)
     busbw = bus_bandwidth_Bps(Collective.ALL_REDUCE, 4 * GiB, cluster.group_links(range(16)))
     assert busbw == pytest.approx(86e9, rel=0.15)
+
+
+# Vidur profiling CSVs (microsoft/vidur data/profiling/network/*/all_reduce.csv, fp16
+# torch.distributed all_reduce, median; busbw = bytes / time x 2(n-1)/n, reference C2), MiB sizes.
+# Thresholds: 25 % from 32 MiB (bandwidth-dominated), 40 % at 4 MiB (Vidur's torch timings carry a
+# different per-call floor than nccl-tests: its 2 KiB points run 7-62 us against our 30 us launch
+# overhead). The 512 KiB and 2 KiB columns are latency-floor points and are not checked here.
+VIDUR_ALL_REDUCE = [
+    ("dgx-h100", "h100-sxm-80gb", 2, 4, 97.5), ("dgx-h100", "h100-sxm-80gb", 2, 32, 246.7),
+    ("dgx-h100", "h100-sxm-80gb", 2, 64, 273.9), ("dgx-h100", "h100-sxm-80gb", 4, 4, 133.9),
+    ("dgx-h100", "h100-sxm-80gb", 4, 32, 301.4), ("dgx-h100", "h100-sxm-80gb", 4, 64, 316.6),
+    ("dgx-h100", "h100-sxm-80gb", 8, 4, 143.9), ("dgx-h100", "h100-sxm-80gb", 8, 32, 299.6),
+    ("dgx-h100", "h100-sxm-80gb", 8, 64, 364.7), ("dgx-a100", "a100-sxm-80gb", 2, 4, 66.6),
+    ("dgx-a100", "a100-sxm-80gb", 2, 32, 135.8), ("dgx-a100", "a100-sxm-80gb", 2, 64, 156.1),
+    ("dgx-a100", "a100-sxm-80gb", 4, 4, 74.0), ("dgx-a100", "a100-sxm-80gb", 4, 32, 157.8),
+    ("dgx-a100", "a100-sxm-80gb", 4, 64, 166.9), ("dgx-a100", "a100-sxm-80gb", 8, 4, 74.1),
+    ("dgx-a100", "a100-sxm-80gb", 8, 32, 142.9), ("dgx-a100", "a100-sxm-80gb", 8, 64, 174.0),
+]
+
+
+@pytest.mark.parametrize("node,gpu,ranks,size_MiB,busbw_GBps", VIDUR_ALL_REDUCE)
+def test_vidur_all_reduce_points(node: str, gpu: str, ranks: int, size_MiB: int, busbw_GBps: float) -> None:
+    base = get_node(node)
+    cluster = build_cluster(get_gpu(gpu), base, get_network(base.default_network), base.gpus_per_node)
+    links = cluster.group_links(range(ranks))
+    predicted = bus_bandwidth_Bps(Collective.ALL_REDUCE, size_MiB * MiB, links)
+    assert predicted == pytest.approx(busbw_GBps * units.GBps, rel=0.25 if size_MiB >= 32 else 0.40)
+
+
+# ---------- channel / pipeline-fill structure ----------
+
+def test_channel_counts() -> None:
+    # Two channels per 25 GB/s NVLink, capped at MAXCHANNELS = 32 (exact integers).
+    assert num_channels(_single_node("dgx-a100", "a100-sxm-80gb")) == 24
+    assert num_channels(_single_node("hgx-h200", "h200-sxm-141gb")) == 32
+    assert num_channels(_ideal(intra_bandwidth_Bps=100e9)) == 8
+    # Across nodes the NIC rate of the node bounds the rings: 8 ranks x 10 GB/s = 80 GB/s -> 6.
+    assert num_channels(_ideal(size=16, num_nodes=2, ranks_per_node=8)) == 6
+
+
+def test_pipeline_fill_ramps_then_saturates() -> None:
+    links = _ideal(intra_bandwidth_Bps=100e9)  # 8 channels, 8 ranks
+    window = 8 * 8 * 512 * KiB  # nCh x n x Simple step = 32 MiB
+    factor = 2 * 7 / 8
+    # Below the window: a quarter of the bus bytes; above: a quarter of the window (arithmetic).
+    assert pipeline_fill_bytes(Collective.ALL_REDUCE, 4 * MiB, links, Protocol.SIMPLE) == pytest.approx(0.25 * factor * 4 * MiB, rel=1e-12)
+    assert pipeline_fill_bytes(Collective.ALL_REDUCE, 1 * GiB, links, Protocol.SIMPLE) == pytest.approx(0.25 * factor * window, rel=1e-12)
+    assert pipeline_fill_bytes(Collective.ALL_REDUCE, 0.0, links, Protocol.SIMPLE) == 0.0
+
+
+def test_mid_size_ring_runs_at_four_fifths_of_plateau() -> None:
+    # Zero link latency, no launch: 16 MiB is below the 32 MiB window, so Simple takes
+    # baseLat 8.4 us + 14 steps x (3.4 - 0.6) us + 1.25 x bf S / BW (Simple beats LL128's 92 %
+    # bandwidth here); pure arithmetic, 1e-12. Far above the window busbw returns to BW.
+    links = _ideal(intra_bandwidth_Bps=100e9, intra_latency_s=0.0)
+    expected_s = (8.4 + 14 * (3.4 - 0.6)) * units.us + 1.25 * 2 * 7 / 8 * 16 * MiB / 100e9
+    assert collective_time_s(Collective.ALL_REDUCE, 16 * MiB, links, Algorithm.RING) == pytest.approx(expected_s, rel=1e-12)
+    assert bus_bandwidth_Bps(Collective.ALL_REDUCE, 16 * GiB, links, Algorithm.RING) == pytest.approx(100e9, rel=2e-3)
+
+
+def test_mid_size_busbw_below_plateau_on_a100() -> None:
+    # nccl-tests A100 (C2): 64-256 MiB run at 73-83 % of the 16 GiB plateau; the model must too.
+    links = _single_node("dgx-a100", "a100-sxm-80gb")
+    plateau = bus_bandwidth_Bps(Collective.ALL_REDUCE, 16 * GiB, links)
+    for size in (64 * MiB, 128 * MiB, 256 * MiB):
+        assert 0.70 <= bus_bandwidth_Bps(Collective.ALL_REDUCE, size, links) / plateau <= 0.90
