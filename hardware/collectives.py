@@ -108,7 +108,7 @@ _STEP_DATA_BYTES: dict[Protocol, float] = {
 # growing: fill = 1/4 x bus_factor x min(S, nCh x n x step) / busBw. The fraction is taken from
 # NCCL's slice-to-FIFO ratio rather than fitted per size; it reproduces the ~0.8 x peak plateau of
 # the A100 sweep at 64-256 MiB and the return to peak beyond the 96 MiB window (tests check both).
-_PIPELINE_FILL_FRACTION = 0.0
+_PIPELINE_FILL_FRACTION = 2 / _NCCL_STEPS
 # NCCL's topology search builds rings of one NVLink each and duplicates them (two channels per
 # link) up to MAXCHANNELS = 32 (src/graph/search.cc, src/include/comm.h); an NVLink3/4 link is
 # 25 GB/s per direction, so one channel stands for 12.5 GB/s of link rate: DGX A100 300 / 12.5 =

@@ -66,9 +66,10 @@ def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     # Each stage finishes its last backward once the later stages have drained theirs.
     iteration = 0.0
     exposed_dp_critical = 0.0
+    drain_after = 0.0  # backward of the earlier stages, summed in stage order
     for index, stage in enumerate(work.stages):
-        drain_after = sum(times[j][1] + times[j][2] for j in range(index))
         end = pipeline - drain_after
+        drain_after += times[index][1] + times[index][2]
         window = times[index][1] + times[index][2]  # the last micro-batch's backward hides the buckets
         sync = sum(c.duration_s for c in stage.grad_sync)
         last_bucket = stage.grad_sync[-1].duration_s if stage.grad_sync else 0.0

@@ -1,0 +1,167 @@
+"""Analytic-fidelity throughput: training configurations evaluated per second on one core.
+
+Covers: ``sim.training.estimate.estimate_training`` with a shared ``PricingCache`` (target: at least
+10,000 configurations per second on one core, issue "Training", Speed).
+Scenario: a plan search over GPT-3 175B (seq 2,048, global batch 1,536) and Llama-3 70B (seq 4,096,
+global batch 1,024) on 1,024 and 4,096 A100 80GB and H100 80GB: tp in {1, 2, 4, 8}, pp in the
+divisors of the layer count up to 16, cp in {1, 2}, micro-batch in {1, 2, 4}, schedule 1F1B or
+interleaved with 2 virtual stages, recompute none / selective / full, ZeRO 0 / 1 / 3; dp fills the
+cluster. Each candidate is built as typed specs the way a search does (``ParallelPlan``,
+``TrainingJob``, ``validate_plan`` on a setup parsed once per model and cluster); candidates that
+raise ``InvalidPlanError`` are skipped and not counted. The timed work per candidate is spec
+construction, validation and the estimate. Two passes: cold (empty cache) and warm (the same
+candidates again with the cache filled, as a search revisiting shapes); ``--from-config`` instead
+times the config-dict path (``parse_training`` per candidate). Single process.
+Run: ``python benchmarks/bench_training_analytic.py [--max-configs N] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import dataclasses
+import itertools
+import pstats
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from sim.training.config import TrainingSetup, parse_training, validate_plan
+from sim.training.estimate import estimate_training
+from sim.training.pricing_cache import PricingCache
+from workloads.errors import InvalidPlanError
+from workloads.plan import ParallelPlan, TrainingJob
+
+TARGET_CONFIGS_PER_S = 10_000.0  # issue "Training", Speed: analytic fidelity, one core
+# (catalog model, seq_len, global batch): GPT-3 175B as Narayanan et al. 2021 Table 1 (2,048, 1,536);
+# Llama-3 70B with its 8K-context pre-training batch of 4M tokens at 4,096 tokens (1,024 sequences).
+MODELS = (("gpt3-175b", 2048, 1536), ("llama3-70b", 4096, 1024))
+CLUSTERS = (("a100-sxm-80gb", 1024), ("a100-sxm-80gb", 4096), ("h100-sxm-80gb", 1024), ("h100-sxm-80gb", 4096))
+TP = (1, 2, 4, 8)
+MAX_PP = 16
+CP = (1, 2)
+MICRO_BATCH = (1, 2, 4)
+SCHEDULES = (("1f1b", 1), ("interleaved", 2))
+RECOMPUTE = ("none", "selective", "full")
+ZERO = (0, 1, 3)
+
+
+def base_config(model: str, seq_len: int, global_batch: int, gpu: str, num_gpus: int) -> dict[str, Any]:
+    return {
+        "model": {"name": model},
+        "cluster": {"gpu": gpu, "num_gpus": num_gpus},
+        "training": {"seq_len": seq_len, "global_batch": global_batch, "micro_batch": 1, "precision": "bf16"},
+        "parallel": {"tp": 1, "pp": 1},
+    }
+
+
+def candidates() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(base config, choice) for every point of the search space, in a fixed order."""
+    out = []
+    for (model, seq_len, batch), (gpu, num_gpus) in itertools.product(MODELS, CLUSTERS):
+        base = base_config(model, seq_len, batch, gpu, num_gpus)
+        layers = parse_training(base).model.layers
+        pps = [p for p in range(1, MAX_PP + 1) if layers % p == 0]
+        for tp, pp, cp, mb, (schedule, v), recompute, zero in itertools.product(
+            TP, pps, CP, MICRO_BATCH, SCHEDULES, RECOMPUTE, ZERO
+        ):
+            if schedule == "interleaved" and pp == 1:
+                continue
+            choice = {"tp": tp, "pp": pp, "cp": cp, "micro_batch": mb, "schedule": schedule,
+                      "virtual_stages": v, "recompute": recompute, "zero": zero}
+            out.append((base, choice))
+    return out
+
+
+def make_spec_evaluator(cache: PricingCache) -> Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]:
+    """Typed-spec path: the setup of each (model, cluster) is parsed once, candidates replace plan and job."""
+    bases: dict[int, TrainingSetup] = {}
+
+    def evaluate(base: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+        setup = bases.get(id(base))
+        if setup is None:
+            setup = bases[id(base)] = parse_training(base)
+        num_gpus = setup.cluster.num_gpus
+        if num_gpus % (c["tp"] * c["pp"] * c["cp"]):
+            raise InvalidPlanError(f"tp x pp x cp must divide {num_gpus}")
+        plan = ParallelPlan(
+            tp=c["tp"], pp=c["pp"], cp=c["cp"], dp=num_gpus // (c["tp"] * c["pp"] * c["cp"]),
+            sequence_parallel=c["tp"] > 1, zero=c["zero"], schedule=c["schedule"],
+            virtual_stages=c["virtual_stages"], recompute=c["recompute"],
+        )
+        job = dataclasses.replace(setup.job, micro_batch=c["micro_batch"])
+        validate_plan(setup.model, setup.cluster, job, plan)
+        return estimate_training(dataclasses.replace(setup, plan=plan, job=job), cache)
+
+    return evaluate
+
+
+def make_config_evaluator(cache: PricingCache) -> Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]:
+    """Config-dict path: ``parse_training`` (catalog lookups, validation) per candidate."""
+
+    def evaluate(base: dict[str, Any], c: dict[str, Any]) -> dict[str, Any]:
+        config = {
+            **base,
+            "training": {**base["training"], "micro_batch": c["micro_batch"]},
+            "parallel": {"tp": c["tp"], "pp": c["pp"], "cp": c["cp"], "dp": "auto", "sequence_parallel": c["tp"] > 1,
+                         "zero": c["zero"], "schedule": c["schedule"], "virtual_stages": c["virtual_stages"],
+                         "recompute": c["recompute"]},
+        }
+        return estimate_training(parse_training(config), cache)
+
+    return evaluate
+
+
+def run_pass(evaluate: Callable[..., dict[str, Any]], space: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[int, int, float]:
+    """(evaluated, invalid, CPU seconds) of one pass over ``space``."""
+    evaluated = invalid = 0
+    start = time.process_time()
+    for base, choice in space:
+        try:
+            evaluate(base, choice)
+        except InvalidPlanError:
+            invalid += 1
+            continue
+        evaluated += 1
+    return evaluated, invalid, time.process_time() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-configs", type=int, default=0, help="evaluate a seeded random subset of this many candidates (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the subset")
+    parser.add_argument("--from-config", action="store_true", help="time parse_training per candidate (config-dict path)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the warm pass")
+    args = parser.parse_args()
+    space = candidates()
+    if args.max_configs and args.max_configs < len(space):
+        picks = np.random.default_rng(args.seed).choice(len(space), size=args.max_configs, replace=False)
+        space = [space[i] for i in sorted(picks)]
+    cache = PricingCache()
+    evaluate = (make_config_evaluator if args.from_config else make_spec_evaluator)(cache)
+    path = "config dicts (parse_training)" if args.from_config else "typed specs (ParallelPlan, TrainingJob)"
+    print(f"{len(space)} candidates; path: {path}; one process, CPU time")
+    results = {}
+    for label in ("cold", "warm"):
+        if label == "warm" and args.profile:
+            profiler = cProfile.Profile()
+            profiler.enable()
+            results[label] = run_pass(evaluate, space)
+            profiler.disable()
+        else:
+            results[label] = run_pass(evaluate, space)
+        evaluated, invalid, seconds = results[label]
+        rate = evaluated / seconds if seconds > 0 else float("inf")
+        print(f"{label}: {evaluated} evaluated, {invalid} invalid skipped, {seconds:.2f} s CPU -> "
+              f"{rate:,.0f} configurations/s ({1e6 / rate if rate else 0:.0f} us each)")
+    if args.profile:
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
+    evaluated, _, seconds = results["warm"]
+    warm_rate = evaluated / seconds if seconds > 0 else float("inf")
+    print(f"target >= {TARGET_CONFIGS_PER_S:,.0f} configurations/s warm: {'met' if warm_rate >= TARGET_CONFIGS_PER_S else 'NOT met'}")
+    return 0 if warm_rate >= TARGET_CONFIGS_PER_S else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
