@@ -52,7 +52,7 @@ def base_config(model: str, seq_len: int, global_batch: int, gpu: str, num_gpus:
         "model": {"name": model},
         "cluster": {"gpu": gpu, "num_gpus": num_gpus},
         "training": {"seq_len": seq_len, "global_batch": global_batch, "micro_batch": 1, "precision": "bf16"},
-        "parallel": {"tp": 1, "pp": 1},
+        "parallel": {"tp": 8, "pp": 16},  # a valid plan for parsing; candidates replace it
     }
 
 

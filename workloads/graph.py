@@ -48,6 +48,7 @@ class Op:
     causal: bool = True
     backward: bool = False  # attention: the backward kernel
     bytes_moved: float = 0.0
+    backward_bytes_moved: float | None = None  # memory op: bytes of its backward (None: twice the forward)
     collective: str = ""
     axis: str = ""
     message_bytes: float = 0.0
@@ -258,6 +259,16 @@ def embedding_ops(model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_pe
     return ops
 
 
+# Megatron-LM's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py) runs
+# unfused on fp32 logits, bytes per local logit: the model casts the 16-bit logits to fp32 (read 2,
+# write 4), then max (read 4), subtract the max (read 4, write 4), exp in place (4 + 4), sum (4) and
+# divide by the sum, keeping the softmax for backward (4 + 4): 38 bytes. Backward multiplies the
+# saved softmax (less the one-hot target) by the incoming gradient in place (4 + 4) and casts it to
+# 16 bits for the LM-head GEMMs (read 4, write 2): 14 bytes.
+CROSS_ENTROPY_FORWARD_BYTES = 6.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0
+CROSS_ENTROPY_BACKWARD_BYTES = 8.0 + 6.0
+
+
 def lm_head_ops(
     model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float, weight_bytes_per_element: float | None = None, loss: bool = True
 ) -> list[Op]:
@@ -272,8 +283,15 @@ def lm_head_ops(
     vocab = _div(model.vocab, tp)
     ops.append(Op(name="lm_head", kind="gemm", m=tokens, n=vocab, k=model.hidden, bytes_per_element=a, weight_bytes_per_element=w))
     if loss:
-        # fp32 softmax cross-entropy over the local vocab shard: read logits, write probabilities, read again
-        ops.append(Op(name="cross_entropy", kind="memory", bytes_moved=3 * tokens * vocab * 4.0))
+        elements = tokens * vocab
+        ops.append(
+            Op(
+                name="cross_entropy",
+                kind="memory",
+                bytes_moved=CROSS_ENTROPY_FORWARD_BYTES * elements,
+                backward_bytes_moved=CROSS_ENTROPY_BACKWARD_BYTES * elements,
+            )
+        )
         if tp > 1:
             # three fp32 all-reduces of one value per token: max, sum of exponentials, target logit
             ops.append(Op(name="cross_entropy_all_reduce", kind="collective", collective="all_reduce", axis="tp", message_bytes=3 * tokens * 4.0))
@@ -293,7 +311,8 @@ def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tupl
         elif op.kind == "attention":
             b_ops.append(replace(op, name=f"{op.name}_backward", backward=True))
         elif op.kind == "memory":
-            b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=2 * op.bytes_moved))
+            backward = 2 * op.bytes_moved if op.backward_bytes_moved is None else op.backward_bytes_moved
+            b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=backward, backward_bytes_moved=None))
         else:
             b_ops.append(replace(op, name=f"{op.name}_backward", collective=_CONJUGATE[op.collective]))
     return b_ops, w_ops

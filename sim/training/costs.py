@@ -377,14 +377,22 @@ def grad_sync_work(
             Collective.ALL_REDUCE, message / shard, links["dp_replicate"]
         )
 
-    buckets = []
+    # Full buckets, then the remainder. Subtracting the integer bucket from a float parameter count
+    # below 2**53 is exact, so one subtraction of k buckets equals k successive ones.
+    full = 0
     remaining = params
-    while remaining > 0:
-        size = min(bucket, remaining)
-        message = size * grad_bytes
-        buckets.append(CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=seconds(message)))
-        remaining -= size
-    return tuple(buckets)
+    if remaining < 2.0**53:
+        full = max(int(remaining // bucket), 0)
+        remaining -= full * bucket
+    while remaining >= bucket:
+        full += 1
+        remaining -= bucket
+    message = bucket * grad_bytes
+    buckets = (CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=seconds(message)),) * full
+    if remaining > 0:
+        message = remaining * grad_bytes
+        buckets += (CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=seconds(message)),)
+    return buckets
 
 
 def param_gather_work(
