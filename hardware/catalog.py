@@ -113,6 +113,7 @@ def _gpu(t: _Table) -> GpuSpec:
         sm_count=t.take("sm_count", int),
         boost_clock_Hz=t.quantity("boost_clock", _FREQ),
         l2_cache_bytes=t.quantity("l2_cache", _BYTES),
+        l2_bandwidth_Bps=t.quantity("l2_bandwidth", _RATE, default=0.0),
         nvlink_bandwidth_Bps=t.quantity("nvlink_bandwidth", _RATE),
         pcie_generation=t.take("pcie_generation", int),
         pcie_lanes=t.take("pcie_lanes", int),

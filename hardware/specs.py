@@ -75,6 +75,8 @@ class GpuSpec:
     price_per_hour_usd: float | None = None
     price_source: str | None = None  # where and when the price was published
     notes: str = ""
+    # Measured L2 read bandwidth (bytes/s) for a working set that fits in L2; 0.0 when not measured.
+    l2_bandwidth_Bps: float = 0.0
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; raises if the chip has no such format."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from hardware.catalog import get_gpu, get_network, get_node
 from hardware.topology import build_cluster
@@ -20,6 +21,7 @@ from sim.serving.analytic import static_batch_times
 from sim.serving.stepcost import ReplicaShape, StepCostModel
 from validation.published import Comparison, SuiteReport, Threshold
 from workloads.catalog import get_model
+from workloads.model import ModelSpec
 
 DATA = Path(__file__).parent / "published" / "serving.csv"
 
@@ -30,18 +32,41 @@ THRESHOLDS = (
 )
 
 
+def trtllm_09_decode_attention(model: ModelSpec, tp: int) -> str:
+    """TensorRT-LLM 0.9's choice of decode-attention kernel. Its XQA kernel (query heads of a KV group
+    share the K/V loads) runs only for head size 128 with exactly 8 query heads per KV head and 1, 2, 4
+    or 8 KV heads per rank, and no cyclic (sliding-window) KV cache (``DecoderXQARunner::shouldUse`` in
+    NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQARunner.h, the
+    v0.9-era version); everything else runs the masked-MHA kernel, one thread block per query head."""
+    kv_heads = max(1, model.kv_heads // tp)
+    heads = model.heads // tp
+    xqa = (model.head_dim == 128 and heads == 8 * kv_heads and kv_heads in (1, 2, 4, 8)
+           and model.sliding_window is None)
+    return "shared_kv" if xqa else "per_query_head"
+
+
+def masked_mha_decode_attention(model: ModelSpec, tp: int) -> str:
+    """FasterTransformer's decoder masked multi-head attention: one thread block per query head."""
+    return "per_query_head"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Framework:
-    """Host-side costs of a serving runtime (seconds), applied to every row it produced."""
+    """Host-side costs of a serving runtime (seconds) and its decode-attention kernel choice, applied
+    to every row it produced."""
 
     step_overhead_s: float
     request_overhead_s: float
+    decode_attention: Callable[[ModelSpec, int], str]
     source: str
 
 
 FRAMEWORKS = {
-    "trtllm-0.9.0": Framework(step_overhead_s=0.0, request_overhead_s=0.0, source="C++ runtime; overheads folded into kernel launch costs"),
-    "fastertransformer": Framework(step_overhead_s=0.0, request_overhead_s=0.0, source="C++ runtime; overheads folded into kernel launch costs"),
+    "trtllm-0.9.0": Framework(step_overhead_s=0.0, request_overhead_s=0.0, decode_attention=trtllm_09_decode_attention,
+                              source="C++ runtime; overheads folded into kernel launch costs"),
+    "fastertransformer": Framework(step_overhead_s=0.0, request_overhead_s=0.0,
+                                   decode_attention=masked_mha_decode_attention,
+                                   source="C++ runtime; overheads folded into kernel launch costs"),
 }
 
 
@@ -81,7 +106,8 @@ def cost_model(row: Row) -> StepCostModel:
     shape = ReplicaShape(model=get_model(row.model), cluster=cluster, tp=row.tp, weight_precision="fp16",
                          kv_precision="fp16", activation_precision="fp16")
     framework = FRAMEWORKS[row.source]
-    return StepCostModel(shape, step_overhead_s=framework.step_overhead_s, request_overhead_s=framework.request_overhead_s)
+    return StepCostModel(shape, step_overhead_s=framework.step_overhead_s, request_overhead_s=framework.request_overhead_s,
+                         decode_attention=framework.decode_attention(shape.model, row.tp))
 
 
 def predict(row: Row) -> float:

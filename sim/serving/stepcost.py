@@ -12,12 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from hardware.cost import launch_overhead_s
 from hardware.topology import Cluster
 from sim.costmodel import op_time_s, price_ops
 from sim.serving.plan import StepPlan
 from workloads.graph import Op, Sharding, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.model import ModelSpec
 from workloads.precision import bytes_per_element
+
+# Decode-attention kernels. "shared_kv": one thread block serves all query heads of a KV head (FlashAttention,
+# FlashInfer, TensorRT-LLM XQA), so K/V stream from HBM once per KV head. "per_query_head": one thread block
+# per query head (TensorRT-LLM's masked-MHA kernel: "the vanilla implementation that uses a single CUDA
+# thread-block per head", TensorRT-LLM docs/source/advanced/gpt-attention.md, multi-block mode section), so
+# with GQA each of the heads/kv_heads query heads of a group reads the group's K/V again; the re-reads hit in
+# L2 (the group's blocks run together) and the kernel is bound by max(HBM bytes of the distinct K/V, L2 bytes of
+# every query head's K/V / L2 bandwidth).
+DECODE_ATTENTION_KERNELS = ("shared_kv", "per_query_head")
 
 # Sampling reads the fp32 logits of each sampled position once for softmax/top-p and once for the
 # draw (vLLM's sampler: logits.float(), softmax, then multinomial sampling): 2 passes x 4 bytes.
@@ -60,7 +70,11 @@ class StepCostModel:
         request_overhead_s: float,
         draft: StepCostModel | None = None,
         draft_free_overhead: float = 0.0,
+        decode_attention: str = "shared_kv",
     ) -> None:
+        if decode_attention not in DECODE_ATTENTION_KERNELS:
+            raise ValueError(f"decode_attention = {decode_attention!r}; allowed: {', '.join(DECODE_ATTENTION_KERNELS)}")
+        self.decode_attention = decode_attention
         self.shape = shape
         self.step_overhead_s = step_overhead_s
         self.request_overhead_s = request_overhead_s
@@ -145,10 +159,32 @@ class StepCostModel:
         if self._window is not None:
             w = self._window
             sequences = [(q, min(kv, q + w - 1)) for q, kv in sequences]
+        if self.decode_attention == "per_query_head":
+            decodes = [s for s in sequences if s[0] == 1]
+            if decodes:
+                others = [s for s in sequences if s[0] != 1]
+                return self.shape.model.layers * (self._per_query_head_decode_s(decodes) + self._attention_op_s(others))
+        return self.shape.model.layers * self._attention_op_s(sequences)
+
+    def _attention_op_s(self, sequences: Sequence[tuple[int, int]]) -> float:
+        """One layer's fused attention kernel over ``sequences`` (0 for none)."""
+        if not sequences:
+            return 0.0
         t = self._attention
         op = Op(name=t.name, kind=t.kind, sequences=tuple(sequences), heads=t.heads, kv_heads=t.kv_heads,
                 head_dim=t.head_dim, v_head_dim=t.v_head_dim, causal=t.causal, bytes_per_element=t.bytes_per_element)
-        return self.shape.model.layers * op_time_s(op, self._gpu, precision=self._precision, links=self._links)
+        return op_time_s(op, self._gpu, precision=self._precision, links=self._links)
+
+    def _per_query_head_decode_s(self, decodes: Sequence[tuple[int, int]]) -> float:
+        """One layer's decode attention by a kernel with one thread block per query head: the shared-KV
+        kernel's time (compute, distinct K/V bytes from HBM) or, if longer, every query head's K/V read
+        through L2 at the GPU's measured L2 bandwidth (HBM bandwidth, a lower bound, when not measured)."""
+        t = self._attention
+        gpu = self._gpu
+        keys = sum(kv for _, kv in decodes)
+        l2_bytes = keys * t.heads * (t.head_dim + (t.v_head_dim or t.head_dim)) * t.bytes_per_element
+        l2_Bps = gpu.l2_bandwidth_Bps or gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
+        return max(self._attention_op_s(decodes), l2_bytes / l2_Bps + launch_overhead_s(gpu))
 
     def forward_time_s(self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int) -> float:
         """One forward pass of ``tokens`` tokens over ``sequences``, sampling ``sampled`` positions."""

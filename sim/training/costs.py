@@ -327,17 +327,21 @@ def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
     last stage (a tied head is a second copy there when pp > 1, as Megatron keeps it)."""
     model, plan = setup.model, setup.plan
     counts = stage_layer_counts(model.layers, plan)
+    per_layer: dict[bool, float] = {}  # parameters per rank of a dense / MoE layer, computed once
     first_layer = 0
     params = 0.0
     for chunk, count in enumerate(counts):
         if chunk % plan.pp == stage:
             for layer in range(first_layer, first_layer + count):
-                if model.is_moe and layer >= model.dense_layers:
-                    experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
-                    dense = model.layer_parameters(moe=True) - experts
-                    params += dense / plan.tp + experts / (plan.tp * plan.ep)
-                else:
-                    params += model.layer_parameters(moe=False) / plan.tp
+                moe = model.is_moe and layer >= model.dense_layers
+                if moe not in per_layer:
+                    if moe:
+                        experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
+                        dense = model.layer_parameters(moe=True) - experts
+                        per_layer[moe] = dense / plan.tp + experts / (plan.tp * plan.ep)
+                    else:
+                        per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
+                params += per_layer[moe]
         first_layer += count
     table = model.vocab * model.hidden / plan.tp
     if stage == 0:
