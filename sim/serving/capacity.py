@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hardware.units import MB
 from sim.serving.stepcost import ReplicaShape
+from workloads.model import ModelSpec
 from workloads.precision import bytes_per_element
 
 # NCCL buffers a TP group holds per GPU: 342-392 MB for TP 2-8 in aiconfigurator's system files
@@ -29,7 +30,7 @@ class ReplicaMemory:
     kv_bytes: float  # left for the KV cache (may be negative: does not fit)
     kv_bytes_per_token: float  # per GPU
     block_size: int
-    num_blocks: int
+    num_blocks: int  # of the replica: ep groups each hold their own requests' KV
 
     @property
     def fits(self) -> bool:
@@ -58,9 +59,22 @@ def kv_bytes_per_token_per_gpu(shape: ReplicaShape) -> float:
     return total * layers_share * head_share
 
 
+def routed_expert_parameters(model: ModelSpec) -> int:
+    """Parameters of every routed expert of every MoE layer (what expert parallelism splits)."""
+    if not model.is_moe:
+        return 0
+    return model.moe_layers * model.experts * model.mlp_parameters(model.expert_ffn_hidden)
+
+
 def weights_bytes_per_gpu(shape: ReplicaShape) -> float:
-    """Weights on one GPU: every parameter split over tp x pp (vocab-parallel embeddings included)."""
-    return shape.model.total_parameters() * bytes_per_element(shape.weight_precision) / (shape.tp * shape.pp)
+    """Weights on one GPU: every parameter split over tp x pp (vocab-parallel embeddings included);
+    with ep > 1 the routed experts are further split over the ep groups while the rest (attention,
+    dense layers, router, shared experts, embeddings) is replicated in each group."""
+    model = shape.model
+    experts = routed_expert_parameters(model) if shape.ep > 1 else 0
+    rest = model.total_parameters() - experts
+    per_gpu = rest / (shape.tp * shape.pp) + experts / (shape.tp * shape.ep * shape.pp)
+    return per_gpu * bytes_per_element(shape.weight_precision)
 
 
 def workspace_bytes_per_gpu(shape: ReplicaShape, max_batched_tokens: int, max_num_seqs: int) -> float:
@@ -77,8 +91,10 @@ def workspace_bytes_per_gpu(shape: ReplicaShape, max_batched_tokens: int, max_nu
     gate = 2 if model.gated_mlp else 1
     mlp = (gate + 1) * math.ceil(ffn / tp)
     per_token = (2 * model.hidden + max(qkv, mlp)) * a
-    logits = max_num_seqs * math.ceil(model.vocab / tp) * LOGIT_BYTES
-    return max_batched_tokens * per_token + logits
+    # with ep groups each GPU holds its group's share of the step (see ReplicaShape)
+    tokens = math.ceil(max_batched_tokens / shape.ep)
+    logits = math.ceil(max_num_seqs / shape.ep) * math.ceil(model.vocab / tp) * LOGIT_BYTES
+    return tokens * per_token + logits
 
 
 def replica_memory(
@@ -91,7 +107,7 @@ def replica_memory(
     comm = NCCL_BUFFER_BYTES if shape.num_gpus > 1 else 0.0
     kv = budget - weights - workspace - comm
     per_token = kv_bytes_per_token_per_gpu(shape)
-    blocks = max(0, int(kv // (block_size * per_token))) if kv > 0 else 0
+    blocks = shape.ep * max(0, int(kv // (block_size * per_token))) if kv > 0 else 0
     return ReplicaMemory(
         budget_bytes=budget, weights_bytes=weights, workspace_bytes=workspace, comm_bytes=comm, kv_bytes=kv,
         kv_bytes_per_token=per_token, block_size=block_size, num_blocks=blocks,

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from hardware.units import GiB, us
 from sim.errors import ConfigError
 from sim.serving.schedulers import PREEMPTION_MODES
+from workloads.model import ModelSpec
 from workloads.precision import BYTES_PER_ELEMENT
 
 SCHEDULERS = ("static", "orca", "vllm", "sarathi", "disaggregated")
@@ -23,7 +24,7 @@ KV_PRECISIONS = ("bf16", "fp16", "fp8", "int4")
 SPECULATIVE_METHODS = ("draft", "draft_free")
 
 SERVING_KEYS = (
-    "tp", "pp", "scheduler", "weight_precision", "kv_precision", "max_num_seqs", "max_batched_tokens",
+    "tp", "pp", "ep", "scheduler", "weight_precision", "kv_precision", "max_num_seqs", "max_batched_tokens",
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
     "max_model_len", "disaggregated", "speculative",
@@ -71,6 +72,7 @@ class DisaggregatedSpec:
 class ServingSpec:
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert-parallel groups of tp GPUs per pipeline stage (MoE; see ReplicaShape)
     scheduler: str = "vllm"
     weight_precision: str = "bf16"
     kv_precision: str = "bf16"
@@ -141,6 +143,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     spec: dict[str, Any] = dict(
         tp=_int(table, "tp", w, 1),
         pp=_int(table, "pp", w, 1),
+        ep=_int(table, "ep", w, 1),
         scheduler=_choice(table, "scheduler", w, "vllm", SCHEDULERS),
         weight_precision=_choice(table, "weight_precision", w, "bf16", WEIGHT_PRECISIONS),
         kv_precision=_choice(table, "kv_precision", w, "bf16", KV_PRECISIONS),
@@ -168,7 +171,27 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         )
     if "speculative" in table:
         spec["speculative"] = _parse_speculative(table["speculative"])
+    if spec["ep"] > 1 and spec["scheduler"] == "disaggregated":
+        raise ConfigError(f"serving.ep = {spec['ep']} with scheduler 'disaggregated': allowed only ep = 1 there "
+                          "(the prefill and decode pools set their own tp)")
     return ServingSpec(**spec)
+
+
+def check_model_parallelism(spec: ServingSpec, model: ModelSpec) -> None:
+    """What needs the model: ep > 1 only for an MoE model whose routed experts ep divides."""
+    if spec.ep > 1:
+        experts = model.experts if model.is_moe else 0
+        if experts == 0:
+            raise ConfigError(f"serving.ep = {spec.ep} needs an MoE model; {model.name} is dense (allowed: ep = 1)")
+        if experts % spec.ep:
+            allowed = ", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0)
+            raise ConfigError(f"serving.ep = {spec.ep} must divide the {experts} routed experts of {model.name}; "
+                              f"allowed: {allowed}")
+
+
+def gpus_per_replica(spec: ServingSpec) -> int:
+    """GPUs one (non-disaggregated) replica spans: tp x ep x pp."""
+    return spec.tp * spec.ep * spec.pp
 
 
 def _parse_disaggregated(table: Any, tp: int) -> DisaggregatedSpec:

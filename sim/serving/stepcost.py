@@ -43,20 +43,37 @@ def compute_precision(weight_precision: str, activation_precision: str) -> str:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaShape:
-    """What a replica runs: model, GPUs (the first ``tp * pp`` ranks from ``first_rank``), precisions."""
+    """What a replica runs: model, GPUs (the ``tp * ep * pp`` ranks from ``first_rank``), precisions.
+
+    With ``ep > 1`` (MoE only) each pipeline stage is ``ep`` groups of ``tp`` GPUs: attention and the
+    dense parts run tensor-parallel within a group, each group on its own share of the batch (data
+    parallel across groups); the routed experts are split over the ``ep`` groups (``experts / ep`` per
+    group, each expert's FFN split over the group's ``tp`` GPUs), and tokens reach their experts by an
+    all-to-all dispatch and return by an all-to-all combine across the groups (ranks ``tp`` apart).
+    """
 
     model: ModelSpec
     cluster: Cluster
     tp: int
     pp: int = 1
+    ep: int = 1
     weight_precision: str = "bf16"
     kv_precision: str = "bf16"
     activation_precision: str = "bf16"
     first_rank: int = 0
 
+    def __post_init__(self) -> None:
+        if self.ep > 1:
+            experts = self.model.experts if self.model.is_moe else 0
+            if experts == 0 or experts % self.ep:
+                raise ValueError(
+                    f"ep = {self.ep} must divide the routed experts of {self.model.name} ({experts}); "
+                    "expert parallelism needs an MoE model"
+                )
+
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.ep * self.pp
 
 
 class StepCostModel:
@@ -88,9 +105,13 @@ class StepCostModel:
         self._kv_bpe = bytes_per_element(shape.kv_precision)
         ranks = list(range(shape.first_rank, shape.first_rank + shape.tp))
         self._links = {"tp": cluster.group_links(ranks)}
+        stage_gpus = shape.tp * shape.ep
+        if shape.ep > 1:
+            self._links["ep"] = cluster.group_links([shape.first_rank + i * shape.tp for i in range(shape.ep)])
         if shape.pp > 1:
-            self._links["pp"] = cluster.group_links([shape.first_rank, shape.first_rank + shape.tp])
-        self._sharding = Sharding(tp=shape.tp)
+            self._links["pp"] = cluster.group_links([shape.first_rank, shape.first_rank + stage_gpus])
+        self._ep = shape.ep
+        self._sharding = Sharding(tp=shape.tp, ep=shape.ep)
         self._dense_layers = model.layers - model.moe_layers
         self._moe_layers = model.moe_layers
         self._window = model.sliding_window
@@ -122,6 +143,8 @@ class StepCostModel:
         cached = self._token_cache.get(tokens)
         if cached is not None:
             return cached
+        full_tokens = tokens
+        tokens = -(-tokens // self._ep)  # the busiest expert-parallel group's share of the batch
         seconds = 0.0
         if self._dense_layers:
             seconds += self._dense_layers * self._price(self._layer_ops(tokens, moe=False))
@@ -133,7 +156,7 @@ class StepCostModel:
             message = tokens * model.hidden * self._act_bpe
             hop = Op(name="pp_send", kind="collective", collective="send_recv", axis="pp", message_bytes=message)
             seconds += (self.shape.pp - 1) * op_time_s(hop, self._gpu, precision=self._precision, links=self._links)
-        self._token_cache[tokens] = seconds
+        self._token_cache[full_tokens] = seconds
         return seconds
 
     def head_time_s(self, sampled: int) -> float:
@@ -141,6 +164,8 @@ class StepCostModel:
         cached = self._head_cache.get(sampled)
         if cached is not None:
             return cached
+        full_sampled = sampled
+        sampled = -(-sampled // self._ep)  # each expert-parallel group samples its own requests
         model = self.shape.model
         ops = lm_head_ops(
             model, tokens=sampled, sharding=self._sharding, bytes_per_element=self._act_bpe,
@@ -149,7 +174,7 @@ class StepCostModel:
         vocab_shard = -(-model.vocab // self.shape.tp)
         ops.append(Op(name="sampler", kind="memory", bytes_moved=SAMPLER_PASSES * sampled * vocab_shard * LOGIT_BYTES))
         seconds = self._price(ops)
-        self._head_cache[sampled] = seconds
+        self._head_cache[full_sampled] = seconds
         return seconds
 
     def attention_time_s(self, sequences: Sequence[tuple[int, int]]) -> float:
@@ -159,6 +184,14 @@ class StepCostModel:
         if self._window is not None:
             w = self._window
             sequences = [(q, min(kv, q + w - 1)) for q, kv in sequences]
+        if self._ep > 1:
+            return max(self._group_attention_s(group) for group in _balance(sequences, self._ep))
+        return self._group_attention_s(sequences)
+
+    def _group_attention_s(self, sequences: Sequence[tuple[int, int]]) -> float:
+        """All layers' attention of one tensor-parallel group over its ``sequences``."""
+        if not sequences:
+            return 0.0
         if self.decode_attention == "per_query_head":
             decodes = [s for s in sequences if s[0] == 1]
             if decodes:
@@ -225,3 +258,15 @@ class StepCostModel:
             else:
                 seconds *= 1.0 + self.draft_free_overhead
         return seconds + self.step_overhead_s + self.request_overhead_s * len(sequences)
+
+
+def _balance(sequences: Sequence[tuple[int, int]], groups: int) -> list[list[tuple[int, int]]]:
+    """Split requests over ``groups`` expert-parallel groups, largest attention work (q x kv) first,
+    each to the least loaded group (the longest-processing-time rule a data-parallel balancer uses)."""
+    parts: list[list[tuple[int, int]]] = [[] for _ in range(groups)]
+    loads = [0] * groups
+    for seq in sorted(sequences, key=lambda s: s[0] * s[1] + s[1], reverse=True):
+        i = loads.index(min(loads))
+        parts[i].append(seq)
+        loads[i] += seq[0] * seq[1] + seq[1]
+    return parts

@@ -125,6 +125,35 @@ def test_golden_covers_every_published_row(predictions: dict[str, Any]) -> None:
     assert len(predictions["suite"]) == len([r for r in rows if r.strip()]) > 0
 
 
+def test_cache_keys_cover_every_setup_field() -> None:
+    """``pricing_keys`` names every TrainingSetup field; a new field must join the key (or this test)."""
+    import dataclasses
+    import inspect
+
+    from sim.training import costs
+    from sim.training.config import TrainingSetup
+
+    source = inspect.getsource(costs.pricing_keys)
+    missing = [f.name for f in dataclasses.fields(TrainingSetup) if f"setup.{f.name}" not in source]
+    assert missing == []
+
+
+def test_shared_cache_gives_the_same_metrics() -> None:
+    """One PricingCache across different plans returns what a fresh evaluation returns."""
+    from sim.runner import RunOptions
+    from sim.training.config import parse_training
+    from sim.training.estimate import estimate_training
+    from sim.training.pricing_cache import PricingCache
+    from sim.training.run import simulate_training
+
+    cache = PricingCache(max_entries=8)  # small: exercises eviction too
+    configs = list(extra_configs().values())
+    for config in configs + configs[::-1]:
+        shared = estimate_training(parse_training(config), cache)
+        fresh = simulate_training(config, RunOptions(fidelity="analytic")).metrics()
+        assert shared == fresh
+
+
 def test_compare_detects_a_change() -> None:
     errors: list[str] = []
     _compare({"a": {"b": 1.0}}, {"a": {"b": 1.0 + 1e-9}}, "x", errors)

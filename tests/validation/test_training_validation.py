@@ -16,7 +16,7 @@ def report() -> SuiteReport:
 
 def test_every_published_row_is_compared(report: SuiteReport) -> None:
     rows = {c.row for c in report.rows("iteration_time_s")}
-    assert len(rows) == 27  # Narayanan Table 1 (10), Korthikanti Table 5 (8), Megatron-Core H100 (9)
+    assert len(rows) == 28  # Narayanan Table 1 (10) and Sec. 5 (1), Korthikanti Table 5 (8), Megatron-Core H100 (9)
     assert len(report.rows("model_states_bytes")) == 4 and len(report.rows("activations_bytes")) == 8
     assert all(c.citation for c in report.comparisons)
 
