@@ -209,22 +209,62 @@ def attention_time_s(
     rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     """
-    if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
-        raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
-    if head_dim < 1:
-        raise ValueError(f"head_dim = {head_dim} must be >= 1")
-    v_dim = head_dim if v_head_dim is None else v_head_dim
-    _check_sequences(sequences)
     computed_keys = 0.0
     q_tokens = 0
     kv_tokens = 0
     for q, kv in sequences:
+        if q < 0 or kv < q:
+            raise ValueError(f"sequence (queries={q}, keys={kv}) needs 0 <= queries <= keys")
         q_tokens += q
         kv_tokens += kv
         if causal:
             computed_keys += q * (kv - q) + q * (q + 1) / 2.0 + q * min(q, ATTENTION_BLOCK) / 2.0
         else:
             computed_keys += float(q) * kv
+    return attention_time_from_totals_s(
+        gpu, computed_keys=computed_keys, query_tokens=q_tokens, key_tokens=kv_tokens, heads=heads,
+        kv_heads=kv_heads, head_dim=head_dim, precision=precision, bytes_per_element=bytes_per_element,
+        backward=backward, v_head_dim=v_head_dim,
+    )
+
+
+def attention_keys_processed(queries: int, keys: int, *, causal: bool = True) -> float:
+    """Keys one sequence of ``queries`` new tokens among ``keys`` costs the fused kernel (useful keys
+    plus the causal diagonal waste), the per-sequence term ``attention_time_s`` sums."""
+    if causal:
+        return queries * (keys - queries) + queries * (queries + 1) / 2.0 + queries * min(queries, ATTENTION_BLOCK) / 2.0
+    return float(queries) * keys
+
+
+def attention_time_from_totals_s(
+    gpu: GpuSpec,
+    *,
+    computed_keys: float,
+    query_tokens: int,
+    key_tokens: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    precision: str,
+    bytes_per_element: float,
+    backward: bool = False,
+    v_head_dim: int | None = None,
+) -> float:
+    """``attention_time_s`` from the three sums it depends on: keys processed
+    (``attention_keys_processed`` summed over the sequences), query tokens and key tokens. A caller
+    that keeps these sums incrementally gets the same seconds without a list of sequences; the sums
+    are exact in floating point (every term is a multiple of 1/2 below 2^52), so the result is
+    bit-identical to ``attention_time_s`` on the same batch."""
+    if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
+    if head_dim < 1:
+        raise ValueError(f"head_dim = {head_dim} must be >= 1")
+    if query_tokens < 0 or key_tokens < query_tokens or computed_keys < 0:
+        raise ValueError(
+            f"totals (keys processed={computed_keys}, queries={query_tokens}, keys={key_tokens}) need "
+            "0 <= queries <= keys and keys processed >= 0"
+        )
+    v_dim = head_dim if v_head_dim is None else v_head_dim
     if backward:
         overhead_keys = ATTENTION_QUERY_OVERHEAD_KEYS_BWD
         rate_factor = ATTENTION_BWD_RATE_FACTOR
@@ -233,10 +273,10 @@ def attention_time_s(
         overhead_keys = ATTENTION_QUERY_OVERHEAD_KEYS_FWD
         rate_factor = ATTENTION_FWD_RATE_FACTOR
         flop_ratio = 1.0
-    work_flops = flop_ratio * 2.0 * heads * (head_dim + v_dim) * (computed_keys + q_tokens * overhead_keys)
+    work_flops = flop_ratio * 2.0 * heads * (head_dim + v_dim) * (computed_keys + query_tokens * overhead_keys)
     rate = attention_asymptote_flops_per_s(gpu, head_dim=head_dim, precision=precision, v_head_dim=v_dim) * rate_factor
     compute_s = work_flops / rate
-    bytes_moved = (q_tokens * heads * (head_dim + v_dim) + kv_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
+    bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
         bytes_moved *= 2.0
     return max(compute_s, hbm_time_s(gpu, bytes_moved)) + launch_overhead_s(gpu)

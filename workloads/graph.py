@@ -72,6 +72,7 @@ class Sharding:
     cp: int = 1
     ep: int = 1
     expert_load_imbalance: float = 1.0  # busiest expert's tokens / mean (>= 1)
+    cp_comm: str = "ring"  # "ring" (K/V blocks passed around, overlapping attention) | "all_gather"
 
 
 def expected_active_experts(experts: int, top_k: int, routed_tokens: int) -> float:
@@ -152,9 +153,13 @@ def layer_forward_ops(
     if model.position == "rope":
         ops.append(mem("rope", 2 * tokens * (heads + kv_heads) * qk_dim * a))
     if sharding.cp > 1:
-        # ring attention: cp - 1 steps, each passing this rank's K and V block to the next rank
         kv_block = tokens * kv_heads * (qk_dim + v_dim) * a
-        ops.append(coll("cp_kv_ring", "send_recv", "cp", (sharding.cp - 1) * kv_block))
+        if sharding.cp_comm == "all_gather":
+            # all-gather the full sequence's K and V before attention (Llama 3's context parallelism)
+            ops.append(coll("cp_kv_all_gather", "all_gather", "cp", sharding.cp * kv_block))
+        else:
+            # ring attention: cp - 1 steps, each passing this rank's K and V block to the next rank
+            ops.append(coll("cp_kv_ring", "send_recv", "cp", (sharding.cp - 1) * kv_block))
     if fused_attention:
         ops.append(
             Op(

@@ -9,6 +9,7 @@ from workloads.errors import InvalidPlanError
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
+CP_COMM = ("ring", "all_gather")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
 
 
@@ -34,6 +35,7 @@ class ParallelPlan:
     layers_per_stage: tuple[int, ...] = ()  # uneven split; empty = as even as possible
     tp_comm_overlap: bool = False
     offload: str = "none"
+    cp_comm: str = "ring"  # context parallel: K/V passed around a ring (overlapped) or all-gathered (Llama 3)
 
     def __post_init__(self) -> None:
         for axis in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
@@ -46,6 +48,7 @@ class ParallelPlan:
             ("schedule", self.schedule, SCHEDULES),
             ("recompute", self.recompute, RECOMPUTE),
             ("offload", self.offload, OFFLOAD),
+            ("cp_comm", self.cp_comm, CP_COMM),
         ):
             if value not in allowed:
                 raise InvalidPlanError(f"parallel.{name} = '{value}' must be one of {', '.join(allowed)}")

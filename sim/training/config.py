@@ -30,6 +30,7 @@ PARALLEL_KEYS = (
     "tp_comm_overlap",
     "dp_comm_overlap",
     "offload",
+    "cp_comm",
     "expert_load_imbalance",
     "overlap_slowdown",
 )
@@ -148,6 +149,7 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         layers_per_stage=tuple(layers),
         tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False),
         offload=str(parallel.get("offload", "none")),
+        cp_comm=str(parallel.get("cp_comm", "ring")),
     )
     validate_plan(model, cluster, job, plan)
     return TrainingSetup(

@@ -120,6 +120,7 @@ def _sharding(setup: TrainingSetup) -> Sharding:
         cp=plan.cp,
         ep=plan.ep,
         expert_load_imbalance=setup.expert_load_imbalance,
+        cp_comm=plan.cp_comm,
     )
 
 
@@ -189,16 +190,18 @@ def price_pass(
 
     TP collectives block the compute stream unless ``tp_comm_overlap`` (then they hide behind the
     pass's GEMMs, which run slower by ``overlap_slowdown`` while overlapped); the context-parallel
-    K/V ring overlaps the attention kernel; expert all-to-alls always block.
+    K/V ring overlaps the attention kernel (the all-gather variant blocks); expert all-to-alls block.
     """
     gpu, precision = setup.cluster.gpu, setup.job.precision
     collective_time = cache.collective_s if cache is not None else collective_time_s
-    compute = gemm = attention = flops = recompute_flops = 0.0
+    compute = gemm = attention = flops = recompute_flops = cp_ring = 0.0
     comm: dict[str, float] = {}
     for op in ops:
         seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
         if op.kind == "collective":
             comm[op.axis] = comm.get(op.axis, 0.0) + seconds
+            if op.axis == "cp" and op.collective == "send_recv":
+                cp_ring += seconds
             continue
         compute += seconds
         op_flops = costmodel.op_flops(op)
@@ -215,7 +218,7 @@ def price_pass(
         if axis == "tp" and setup.plan.tp_comm_overlap:
             hidden = min(seconds, gemm)
         elif axis == "cp":
-            hidden = min(seconds, attention)
+            hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
             hidden = 0.0
         compute += hidden * slowdown

@@ -4,8 +4,9 @@ disaggregation, several replicas) compared bit for bit with a checked-in golden.
 
 The step cost is a synthetic function of the batch composition (tokens, keys, requests), so the
 schedule still feeds back on time, yet the golden does not move when the cost model's accuracy is
-improved (``hardware``/``stepcost`` changes are checked by their own tests). A second set of runs uses
-the real ``StepCostModel``; regenerate after an intentional cost-model change with
+improved (``hardware``/``stepcost`` changes are checked by their own tests; the engine prices a step
+only through the ``step_cost(plan)`` callable it is given). Regenerate after an intentional change of
+scheduling semantics with
 
     python tests/sim/test_serving_speed_invariance.py --regenerate
 """
@@ -81,15 +82,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                                "max_num_seqs": 32},
                                    "capacity_blocks": 250, "rate": 150.0},
 }
-REAL_COST = ("vllm_recompute", "sarathi", "disaggregated")
 
 
-def simulate_scenario(name: str, *, real_cost: bool, count: int = 250) -> dict[str, Any]:
+def simulate_scenario(name: str, count: int = 250) -> dict[str, Any]:
     s = SCENARIOS[name]
     spec = parse_serving({"tp": 1, "block_size": 16, **s["serving"]})
     cluster = resolve_cluster({"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}})
     system = build_system(
-        spec, get_model("llama3-8b"), cluster, step_cost=None if real_cost else synthetic_step_s,
+        spec, get_model("llama3-8b"), cluster, step_cost=synthetic_step_s,
         capacity_blocks=s["capacity_blocks"],
     )
     requests = _requests(7, count, s["rate"], prefix=s.get("prefix", False))
@@ -110,17 +110,14 @@ def simulate_scenario(name: str, *, real_cost: bool, count: int = 250) -> dict[s
 
 
 def all_results() -> dict[str, Any]:
-    out = {f"synthetic/{name}": simulate_scenario(name, real_cost=False) for name in SCENARIOS}
-    out.update({f"real/{name}": simulate_scenario(name, real_cost=True) for name in REAL_COST})
-    return out
+    return {name: simulate_scenario(name) for name in SCENARIOS}
 
 
-@pytest.mark.parametrize("key", [f"synthetic/{n}" for n in SCENARIOS] + [f"real/{n}" for n in REAL_COST])
-def test_results_bit_identical_to_golden(key: str) -> None:
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_results_bit_identical_to_golden(name: str) -> None:
     golden = json.loads(GOLDEN.read_text())
-    kind, name = key.split("/")
-    got = simulate_scenario(name, real_cost=kind == "real")
-    expected = golden[key]
+    got = simulate_scenario(name)
+    expected = golden[name]
     assert got["steps"] == expected["steps"]
     assert got["busy_s"] == expected["busy_s"]  # exact floats (JSON round-trips repr)
     assert got["records_sha256"] == expected["records_sha256"]
@@ -129,11 +126,11 @@ def test_results_bit_identical_to_golden(key: str) -> None:
 
 def test_scenarios_exercise_what_they_claim() -> None:
     golden = json.loads(GOLDEN.read_text())
-    assert golden["synthetic/vllm_recompute"]["metrics"]["preemptions"] > 0
-    assert golden["synthetic/vllm_prefix_swap"]["metrics"]["preemptions"] > 0
-    assert golden["synthetic/vllm_prefix_swap"]["metrics"]["prefix_cache_hit_rate"] > 0
-    assert golden["synthetic/disaggregated"]["steps"][2] > 0
-    assert all(s > 0 for s in golden["synthetic/replicas_least_outstanding"]["steps"])
+    assert golden["vllm_recompute"]["metrics"]["preemptions"] > 0
+    assert golden["vllm_prefix_swap"]["metrics"]["preemptions"] > 0
+    assert golden["vllm_prefix_swap"]["metrics"]["prefix_cache_hit_rate"] > 0
+    assert golden["disaggregated"]["steps"][2] > 0
+    assert all(s > 0 for s in golden["replicas_least_outstanding"]["steps"])
 
 
 if __name__ == "__main__":

@@ -178,3 +178,18 @@ def test_interleaving_helps_most_at_small_batch() -> None:
     gain_large = iteration(96, "1f1b", 1) / iteration(96, "interleaved", 2) - 1
     assert gain_small >= 0.10
     assert 0 < gain_large < gain_small
+
+
+def test_context_parallel_ring_hides_behind_attention_and_all_gather_does_not() -> None:
+    base = {
+        "model": {"name": "llama3-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+        "training": {"seq_len": 65536, "global_batch": 2, "micro_batch": 1},
+        "parallel": {"tp": 2, "cp": 8, "sequence_parallel": True, "recompute": "full"},
+    }
+    ring = simulate_training(base, RunOptions(fidelity="analytic")).metrics()
+    gathered = simulate_training(with_overrides(base, ['parallel.cp_comm="all_gather"']), RunOptions(fidelity="analytic")).metrics()
+    assert ring["exposed_communication_s"]["cp"] == 0.0  # 64k tokens: the K/V ring hides under attention
+    assert gathered["exposed_communication_s"]["cp"] > 0.0
+    with pytest.raises(InvalidPlanError, match="cp_comm = 'mesh'"):
+        parse_training(with_overrides(base, ['parallel.cp_comm="mesh"']))
