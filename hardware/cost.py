@@ -209,6 +209,8 @@ def attention_time_s(
     rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     """
+    if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
+        raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
     computed_keys = 0.0
     q_tokens = 0
     kv_tokens = 0

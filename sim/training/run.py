@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import networkx as nx
 import pandas as pd
 
 from hardware import units
@@ -16,6 +17,7 @@ from sim.training.analytic import PipelineEstimate, analytic_iteration
 from sim.training.config import TrainingSetup, parse_training
 from sim.training.costs import IterationWork, build_iteration, group_links, layer_passes
 from sim.training.memory import MemoryBreakdown, memory_per_stage
+from workloads.graph import op_graph
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 
@@ -140,7 +142,9 @@ class TrainingResult:
         rows = []
         for moe in kinds:
             for pass_name, ops in zip(("F", "B", "W"), layer_passes(setup, moe)):
-                for op in ops:
+                graph = op_graph(ops)
+                for name in nx.topological_sort(graph):
+                    op = graph.nodes[name]["op"]
                     rows.append(
                         {
                             "layer_kind": "moe" if moe else "dense",

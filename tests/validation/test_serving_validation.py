@@ -32,15 +32,22 @@ def test_regression_bounds_of_the_current_model() -> None:
     # What the model achieves now (see the per-row table of `llmsim validate --suite serving`); a
     # change that makes it worse fails here.
     report = _report()
-    assert report.mape("output_tokens_per_s_per_gpu") <= 0.16
+    assert report.mape("output_tokens_per_s_per_gpu") <= 0.11  # 10.3 % with TensorRT-LLM 0.9's decode kernels
     assert report.mape("first_token_latency_s") <= 0.22
+    for label in ("falcon-180b tp8 b512 128/2048", "falcon-180b tp8 b64 2048/2048"):
+        # the per-query-head (masked-MHA) decode kernel brings these from +39 % to within 10 %
+        (row,) = [c for c in report.comparisons if c.row == label]
+        assert abs(row.predicted / row.published - 1.0) <= 0.10
     for metric in ("prefill_latency_s", "decode_latency_per_token_s", "total_latency_s"):
         assert report.worst(metric) <= 0.15  # FasterTransformer 13B rows
 
 
-@pytest.mark.xfail(reason="issue thresholds not yet met: Mixtral b32 2048/2048 (-46 %), Mistral and Falcon "
-                   "long-decode rows (+35..44 %) and batch-1 ISL-128 first-token latency of 6-7B models "
-                   "(-30..-38 %) are the misses", strict=False)
+@pytest.mark.xfail(reason="issue thresholds not met honestly: Mixtral b32 2048/2048 (-48 %) needs a decode step "
+                   "(~20 ms) shorter than reading one GPU's 46.7 GB of expert weights at the A100's datasheet "
+                   "2.04 TB/s (22.9 ms), while the b128 128/2048 row at the same TP fits all-8-experts reads "
+                   "(-8 %); no single mechanism explains both. First-token latency MAPE 20.8 %: batch-1 "
+                   "ISL-128 rows of 6-7B models -30..-38 % (small-M GEMMs: measured TensorRT-LLM GEMMs at "
+                   "M = 128 run 1.24-1.44x our GEMM model, aiconfigurator a100_sxm gemm table)", strict=False)
 def test_issue_thresholds() -> None:
     # throughput MAPE <= 15 % with no row worse than 30 %; first-token latency MAPE <= 20 % (issue 4)
     report = _report()
