@@ -38,10 +38,10 @@ class OrcaScheduler(VllmScheduler):
             )
         return ""
 
-    def schedule(self, now_s: float) -> StepPlan:
+    def _schedule(self, now_s: float) -> StepPlan:
         chunks: list[Chunk] = []
         budget = self.limits.max_batched_tokens
-        for request in self.running:
+        for request in self._schedulable():
             n = self._query_tokens(request, budget) if request.in_decode else request.remaining_tokens
             chunks.append(Chunk(request, n, request.computed, request.in_decode))
             budget -= n
@@ -70,7 +70,10 @@ class OrcaScheduler(VllmScheduler):
 
 
 class StaticScheduler(VllmScheduler):
-    """Request-level (static) batching: a batch runs to completion before the next one starts."""
+    """Request-level (static) batching: a batch runs to completion before the next one starts.
+    Its steps run through pipeline stages one at a time (each step holds the whole batch)."""
+
+    PIPELINE_CAPABLE = False
 
     def __init__(self, limits: BatchLimits, blocks: BlockManager) -> None:
         super().__init__(limits, blocks)
@@ -82,7 +85,7 @@ class StaticScheduler(VllmScheduler):
     def outstanding(self) -> int:
         return len(self.waiting) + sum(1 for r in self.batch if not r.done)
 
-    def schedule(self, now_s: float) -> StepPlan:
+    def _schedule(self, now_s: float) -> StepPlan:
         if not self.batch:
             chunks: list[Chunk] = []
             while self.waiting and len(self.batch) < self.limits.max_num_seqs:

@@ -4,6 +4,15 @@
 A replica process asks its scheduler for a ``StepPlan``, asks the step-cost function for the step's
 duration, waits that long, then lets the scheduler apply the results. An idle replica waits on a
 wake-up event that ``submit`` triggers (no polling).
+
+Pipeline parallelism (``stages = pp > 1``): as vLLM's ``pipeline_parallel_size`` (pp virtual
+engines, or V1's batch queue of ``max_concurrent_batches = pp``) and TensorRT-LLM do, up to pp
+batches of disjoint requests are in flight, each stage busy with a different batch. A batch holds the
+host for its CPU overhead, then stage 0; its step on stage s starts when stage s is free and its
+stage s-1 output has crossed the inter-stage link (``hop_s``). The next batch is scheduled as soon
+as stage 0 is free and fewer than pp batches are in flight; a batch's tokens are sampled when its
+last stage ends, and only then are its requests schedulable again. Latency per step is unchanged
+(host + pp stages + pp-1 hops); throughput approaches one batch per stage time.
 """
 
 from __future__ import annotations
@@ -18,6 +27,9 @@ from sim.serving.plan import StepPlan
 from sim.serving.request import SimRequest, Status
 
 StepCost = Callable[[StepPlan], float]
+StageCost = Callable[[StepPlan], tuple[float, float, float]]
+"""Pipeline-parallel step cost: (host CPU seconds before stage 0, GPU seconds on each stage,
+seconds of one activation transfer between adjacent stages)."""
 
 
 class Scheduler(Protocol):
@@ -43,6 +55,7 @@ class StepEvent:
     prefill_tokens: int
     decode_tokens: int
     preempted: int
+    stage: int = 0  # pipeline stage (0 without pipeline parallelism)
 
 
 class AcceptanceSampler:
@@ -86,7 +99,13 @@ class Replica:
         swap_time_s: Callable[[int], float] = lambda blocks: 0.0,
         trace: list[StepEvent] | None = None,
         role: str = "replica",
+        stages: int = 1,
+        stage_cost: StageCost | None = None,
     ) -> None:
+        if stages < 1:
+            raise ValueError(f"replica {index}: stages = {stages} must be >= 1")
+        if stages > 1 and stage_cost is None:
+            raise ValueError(f"replica {index}: {stages} pipeline stages need a stage_cost")
         self.env = env
         self.index = index
         self.scheduler = scheduler
@@ -99,8 +118,20 @@ class Replica:
         self.busy_s = 0.0
         self.steps = 0
         self.max_outstanding = 0
+        self.stage_cost = stage_cost
+        # overlap batches only when the scheduler can keep in-flight requests out of the next batch
+        pipelined = stages > 1 and getattr(scheduler, "PIPELINE_CAPABLE", False)
+        self.stages = stages
+        self.depth = stages if pipelined else 1  # batches in flight at most
+        self.in_flight = 0
         self._wakeup = env.event()
-        self.process = env.process(self._run())
+        if pipelined:
+            scheduler.pipelined = True  # type: ignore[attr-defined]
+            self.process = env.process(self._run_pipelined())
+        else:
+            if stages > 1:  # sequential through the stages: the step's time is the sum of them
+                self.step_cost = self._sequential_step_s
+            self.process = env.process(self._run())
 
     def submit(self, request: SimRequest) -> None:
         request.replica = self.index
@@ -137,6 +168,58 @@ class Replica:
                 )
             for request in scheduler.complete(plan, env.now, self.accepted):
                 self.on_leave(self, request)
+
+
+    def _sequential_step_s(self, plan: StepPlan) -> float:
+        host_s, stage_s, hop_s = self.stage_cost(plan)  # type: ignore[misc]
+        return host_s + self.stages * stage_s + (self.stages - 1) * hop_s
+
+    def _run_pipelined(self):  # type: ignore[no-untyped-def]
+        env, scheduler, stages = self.env, self.scheduler, self.stages
+        stage_free_s = [0.0] * stages  # when each stage finishes the last batch it was given
+        while True:
+            if self.in_flight >= self.depth:
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            plan = scheduler.schedule(env.now) if scheduler.has_work() else None
+            if plan is None or plan.empty:
+                self._wakeup = env.event()
+                yield self._wakeup
+                continue
+            start = env.now
+            host_s, stage_s, hop_s = self.stage_cost(plan)  # type: ignore[misc]
+            swapped = plan.swapped_in_blocks + plan.swapped_out_blocks
+            if swapped:
+                host_s += self.swap_time_s(swapped)
+            begin = start + host_s  # stage 0 is free: this loop issues a batch only then
+            end = begin + stage_s
+            stage_free_s[0] = end
+            stage_0_end = end
+            spans = [(begin, end)]
+            for s in range(1, stages):
+                begin = max(end + hop_s, stage_free_s[s])
+                end = begin + stage_s
+                stage_free_s[s] = end
+                spans.append((begin, end))
+            self.in_flight += 1
+            self.busy_s += stage_0_end - start  # stage 0 (with the host) is the replica's busiest stage
+            self.steps += 1
+            if self.trace is not None:
+                for s, (b, e) in enumerate(spans):
+                    self.trace.append(
+                        StepEvent(self.index, b, e - b, len(plan.chunks), plan.num_prefill_tokens,
+                                  plan.num_decode_tokens, len(plan.preempted), s)
+                    )
+            env.process(self._finish(plan, end - start))
+            yield env.timeout(stage_0_end - start)
+
+    def _finish(self, plan: StepPlan, latency_s: float):  # type: ignore[no-untyped-def]
+        yield self.env.timeout(latency_s)
+        self.in_flight -= 1
+        for request in self.scheduler.complete(plan, self.env.now, self.accepted):
+            self.on_leave(self, request)
+        self.kick()
 
 
 class Router:

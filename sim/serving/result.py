@@ -153,11 +153,13 @@ class ServingResult:
         for replica in self.replicas:
             trace.append({"name": "process_name", "ph": "M", "pid": replica.index, "tid": 0,
                           "args": {"name": f"{replica.role} {replica.index}"}})
-            trace.append({"name": "thread_name", "ph": "M", "pid": replica.index, "tid": 0, "args": {"name": "batch steps"}})
+            for stage in range(replica.stages):
+                name = "batch steps" if replica.stages == 1 else f"pipeline stage {stage}"
+                trace.append({"name": "thread_name", "ph": "M", "pid": replica.index, "tid": stage, "args": {"name": name}})
         for e in self.events:
             kind = "prefill" if e.decode_tokens == 0 else ("decode" if e.prefill_tokens == 0 else "mixed")
             trace.append({
-                "name": kind, "ph": "X", "pid": e.replica, "tid": 0, "ts": e.start_s * _US, "dur": e.duration_s * _US,
+                "name": kind, "ph": "X", "pid": e.replica, "tid": e.stage, "ts": e.start_s * _US, "dur": e.duration_s * _US,
                 "args": {"requests": e.requests, "prefill_tokens": e.prefill_tokens,
                          "decode_tokens": e.decode_tokens, "preempted": e.preempted},
             })

@@ -65,6 +65,8 @@ def _one_token(request: SimRequest, drafts: int) -> int:
 class VllmScheduler:
     """vLLM-style continuous batching over a paged KV cache (see the module docstring)."""
 
+    PIPELINE_CAPABLE = True  # batches of disjoint requests may overlap on pipeline stages
+
     def __init__(self, limits: BatchLimits, blocks: BlockManager) -> None:
         self.limits = limits
         self.blocks = blocks
@@ -74,6 +76,10 @@ class VllmScheduler:
         self.swap_used_blocks = 0
         self.num_preemptions = 0
         self.watermark_blocks = int(WATERMARK_FRACTION * blocks.capacity)
+        # pipeline parallelism: up to pp batches in flight; a request whose step is in flight is not
+        # scheduled again until that step completes (its next token depends on it)
+        self.pipelined = False
+        self.in_flight: set[int] = set()
 
     # ---- queue -----------------------------------------------------------------------------------
     def add(self, request: SimRequest, now_s: float) -> None:
@@ -120,8 +126,11 @@ class VllmScheduler:
     def _victim(self, request: SimRequest, chunks: list[Chunk]) -> SimRequest:
         """The newest running request not already in this step's batch (else ``request`` itself)."""
         scheduled = {id(c.request) for c in chunks}
+        in_flight = self.in_flight
         for candidate in reversed(self.running):
-            if candidate is request or id(candidate) not in scheduled:
+            if candidate is request:
+                return candidate
+            if id(candidate) not in scheduled and candidate.request_id not in in_flight:
                 return candidate
         return request
 
@@ -135,34 +144,39 @@ class VllmScheduler:
     def _schedule_running(
         self, order: list[SimRequest], budget: int, chunks: list[Chunk], preempted: list[SimRequest]
     ) -> tuple[int, int]:
-        # hot loop (one pass per step over the running requests): properties inlined
+        # hot loop (one pass per step over the running requests): properties inlined, locals bound
         swapped_out = 0
         blocks = self.blocks
         block_size = blocks.block_size
-        owned, shared = blocks.owned, blocks.shared
+        owned_get, shared = blocks.owned.get, blocks.shared
         drafts_max = self.limits.speculative_tokens
         chunked = self.limits.chunked_prefill
         running = Status.RUNNING
+        append = chunks.append
         for request in order:
-            if request.status is not running or budget <= 0:
+            if budget <= 0:
+                break  # the budget only shrinks: nothing later fits
+            if request.status is not running:
                 continue
             computed = request.computed
             generated = request.generated
             remaining = request.prompt_tokens + generated - computed
-            decode = generated > 0 and remaining == 1
-            if decode:
+            if generated and remaining == 1:
+                decode = True
                 n = 1
                 if drafts_max:
-                    n += max(0, min(drafts_max, request.output_tokens - generated - 1))
+                    extra = request.output_tokens - generated - 1
+                    if extra > 0:
+                        n += drafts_max if drafts_max < extra else extra
             else:
+                decode = False
                 n = remaining if (not chunked or remaining <= budget) else budget
             if n > budget:
-                continue  # unchunked prefill that does not fit the remaining budget
+                continue  # an unchunked prefill or a verification of drafts that does not fit the budget
             rid = request.request_id
-            held = owned.get(rid, 0)
+            need = -(-(computed + n) // block_size) - owned_get(rid, 0)
             if shared:
-                held += len(shared.get(rid, ()))
-            need = -(-(computed + n) // block_size) - held
+                need -= len(shared.get(rid, ()))
             if need > 0:
                 while need > blocks.free + len(blocks.evictable):
                     victim = self._victim(request, chunks)
@@ -172,7 +186,7 @@ class VllmScheduler:
                 if request.status is not running:
                     continue
                 blocks.allocate(rid, need)
-            chunks.append(Chunk(request, n, computed, decode))
+            append(Chunk(request, n, computed, decode))
             budget -= n
         return budget, swapped_out
 
@@ -220,7 +234,21 @@ class VllmScheduler:
         return swapped_in
 
     def schedule(self, now_s: float) -> StepPlan:
-        """The next step's batch (possibly empty when memory blocks every request)."""
+        """The next step's batch (possibly empty when memory blocks every request, or when every
+        running request already has a step in flight on the pipeline)."""
+        plan = self._schedule(now_s)
+        if self.pipelined:
+            self.in_flight.update(c.request.request_id for c in plan.chunks)
+        return plan
+
+    def _schedulable(self) -> list[SimRequest]:
+        """Running requests without a step in flight, in arrival order (a fresh list)."""
+        in_flight = self.in_flight
+        if not in_flight:
+            return list(self.running)
+        return [r for r in self.running if r.request_id not in in_flight]
+
+    def _schedule(self, now_s: float) -> StepPlan:
         limits = self.limits
         chunks: list[Chunk] = []
         preempted: list[SimRequest] = []
@@ -230,16 +258,15 @@ class VllmScheduler:
             self._admit_waiting(budget, chunks, now_s)
             if chunks:
                 return StepPlan(chunks=tuple(chunks))
+        order = self._schedulable()
         if limits.decode_first:
-            order = [r for r in self.running if r.in_decode] + [r for r in self.running if not r.in_decode]
-        else:
-            order = list(self.running)
+            order = [r for r in order if r.in_decode] + [r for r in order if not r.in_decode]
         budget, swapped_out = self._schedule_running(order, budget, chunks, preempted)
         swapped_in = 0
         if not preempted:
             swapped_in = self._swap_in()
             if swapped_in:
-                for request in self.running:
+                for request in self._schedulable():
                     if request.status == Status.RUNNING and all(c.request is not request for c in chunks):
                         budget, _ = self._schedule_running([request], budget, chunks, preempted)
             if not self.swapped and (limits.chunked_prefill or limits.decode_first):
@@ -256,29 +283,35 @@ class VllmScheduler:
         prefill_only = self.limits.prefill_only
         running = Status.RUNNING
         publish = self.blocks.publish if self.blocks.prefix_caching else None
+        if self.in_flight:
+            self.in_flight.difference_update(c.request.request_id for c in plan.chunks)
         for chunk in plan.chunks:
             request = chunk.request
             if request.status is not running:
                 continue
             if chunk.is_decode:
-                if chunk.query_tokens == 1:
+                query = chunk.query_tokens
+                if query == 1:
                     emitted = 1
                 else:
-                    emitted = accepted(request, chunk.query_tokens - 1)
+                    emitted = accepted(request, query - 1)
                     if emitted > request.output_tokens - request.generated:
                         emitted = request.output_tokens - request.generated
                 request.computed += emitted
-                request.generated += emitted
+                generated = request.generated + emitted
+                request.generated = generated
                 request.token_times_s.append(end_s)
                 request.token_counts.append(emitted)
                 request.last_token_s = end_s
             else:
-                request.computed += chunk.query_tokens
+                computed = request.computed + chunk.query_tokens
+                request.computed = computed
                 if publish is not None:
-                    publish(request.request_id, request.block_hashes, request.computed)
-                if request.computed == request.prompt_tokens + request.generated:
+                    publish(request.request_id, request.block_hashes, computed)
+                if computed == request.prompt_tokens + request.generated:
                     request.emit(1, end_s)
-            if request.generated >= request.output_tokens or (prefill_only and request.generated > 0):
+                generated = request.generated
+            if generated >= request.output_tokens or (prefill_only and generated > 0):
                 left.append(request)
         if left:
             gone = {r.request_id for r in left}

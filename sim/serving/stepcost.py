@@ -159,6 +159,16 @@ class StepCostModel:
         self._token_cache[full_tokens] = seconds
         return seconds
 
+    def pipeline_hop_s(self, tokens: int) -> float:
+        """One activation transfer between adjacent pipeline stages for a step of ``tokens`` tokens
+        (the hop ``token_time_s`` counts ``pp - 1`` times; 0 without pipeline parallelism)."""
+        if self.shape.pp <= 1:
+            return 0.0
+        share = -(-tokens // self._ep)
+        hop = Op(name="pp_send", kind="collective", collective="send_recv", axis="pp",
+                 message_bytes=share * self.shape.model.hidden * self._act_bpe)
+        return op_time_s(hop, self._gpu, precision=self._precision, links=self._links)
+
     def head_time_s(self, sampled: int) -> float:
         """LM head (vocab-parallel, no loss) and the sampler for ``sampled`` positions."""
         cached = self._head_cache.get(sampled)

@@ -7,7 +7,7 @@ rank per pipeline stage is priced: every data-parallel replica and every tp/cp p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Mapping
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
@@ -19,7 +19,7 @@ from sim.training.memory import activation_bytes_per_layer, memory_per_stage, sh
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
-from workloads.plan import stage_layer_counts
+from workloads.plan import ParallelPlan, stage_layer_counts
 from workloads.precision import bytes_per_element
 
 # Megatron-LM's DDP gradient bucket: max(40M, 1M x dp) parameters (megatron/core/distributed,
@@ -478,14 +478,19 @@ def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[
     return tuple(bandwidth), tuple(latency)
 
 
+# ParallelPlan fields a chunk's price does not depend on (they shape stages, links and the
+# optimizer, which other keys carry); every other field, including any added later, is in the key.
+_NOT_CHUNK_FIELDS = ("pp", "dp", "zero", "hsdp", "schedule", "virtual_stages", "layers_per_stage", "offload")
+_CHUNK_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_CHUNK_FIELDS)
+
+
 def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
     """(chunk context, whole setup) as interned ids: the first names everything a chunk's price
     depends on besides its links and layers, the second everything a ``build_iteration`` result does."""
     plan = setup.plan
     chunk_context = cache.intern((
         "chunk", cache.gpu_id(setup.cluster.gpu), setup.model, setup.job, setup.attention_kernel,
-        setup.expert_load_imbalance, setup.overlap_slowdown, plan.tp, plan.sequence_parallel, plan.cp, plan.ep,
-        plan.recompute, plan.tp_comm_overlap,
+        setup.expert_load_imbalance, setup.overlap_slowdown, tuple(getattr(plan, f) for f in _CHUNK_PLAN_FIELDS),
     ))
     setup_context = cache.intern(("setup", chunk_context, cache.cluster_id(setup.cluster), plan, setup.dp_comm_overlap))
     return chunk_context, setup_context

@@ -57,6 +57,9 @@ def extra_configs() -> dict[str, dict[str, Any]]:
             gpt, a100_1k, {"tp": 8, "pp": 8, "recompute": "full"}, precision="fp16", attention_kernel="unfused"),
         "llama70-cp2": config(
             llama, h100_1k, {"tp": 4, "pp": 4, "cp": 2, "zero": 1, "sequence_parallel": True}, seq_len=8192),
+        "llama70-cp2-all-gather": config(
+            llama, h100_1k, {"tp": 4, "pp": 4, "cp": 2, "zero": 1, "sequence_parallel": True, "cp_comm": "all_gather"},
+            seq_len=8192),
         "llama70-offload-opt": config(llama, _cluster("h100-sxm-80gb", 64), {"tp": 8, "pp": 1, "zero": 1, "offload": "optimizer"}),
         "llama70-offload-nvme": config(llama, _cluster("h100-sxm-80gb", 64), {"tp": 8, "pp": 2, "zero": 1, "offload": "nvme"}),
         "llama70-pp-only": config(llama, _cluster("a100-sxm-80gb", 16), {"tp": 1, "pp": 16, "recompute": "full"}, global_batch=64),
