@@ -211,18 +211,24 @@ def attention_time_s(
     """
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
-    computed_keys = 0.0
+    # Sums in integers: twice the keys processed (the per-sequence term of
+    # ``attention_keys_processed`` is a multiple of 1/2), so the total is exact and the same float as a
+    # sequence-by-sequence floating-point sum (exact too while it stays below 2^52).
+    twice_keys = 0
     q_tokens = 0
     kv_tokens = 0
+    block = ATTENTION_BLOCK
     for q, kv in sequences:
         if q < 0 or kv < q:
             raise ValueError(f"sequence (queries={q}, keys={kv}) needs 0 <= queries <= keys")
         q_tokens += q
         kv_tokens += kv
         if causal:
-            computed_keys += q * (kv - q) + q * (q + 1) / 2.0 + q * min(q, ATTENTION_BLOCK) / 2.0
+            # 2 [q (kv - q) + q (q + 1) / 2 + q min(q, block) / 2]
+            twice_keys += q * (2 * kv - q + 1 + (q if q < block else block))
         else:
-            computed_keys += float(q) * kv
+            twice_keys += 2 * q * kv
+    computed_keys = twice_keys / 2.0
     return attention_time_from_totals_s(
         gpu, computed_keys=computed_keys, query_tokens=q_tokens, key_tokens=kv_tokens, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, precision=precision, bytes_per_element=bytes_per_element,
