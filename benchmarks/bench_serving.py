@@ -6,6 +6,8 @@ Scenario: Azure-conversation-like lengths (lognormal prompts, median ~1,000 toke
 ~135; formulas.md "Public request traces": conv prompt p50 1,020, output p50 129, mean 211) on
 Llama-3-70B TP8 H100 replicas under the vllm scheduler: 10,000 requests on one replica (target
 <= 10 s) and 100,000 requests over 16 replicas (target <= 2 min), each at ~70 % of capacity.
+
+    python benchmarks/bench_serving.py [--quick (10k only) | --profile (cProfile of the 10k run)]
 """
 
 from __future__ import annotations
@@ -41,6 +43,24 @@ def bench(name: str, num_requests: int, replicas: int, rate_per_s: float, target
     return wall
 
 
+def profile(num_requests: int, top: int = 15) -> None:
+    """cProfile of the one-replica scenario: the functions with the most own time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    simulate(config(num_requests, 1, 5.0), RunOptions(seed=0)).metrics()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 if __name__ == "__main__":
+    import sys
+
+    if "--profile" in sys.argv:
+        profile(10_000)
+        sys.exit(0)
     bench("10k requests, 1 replica", 10_000, 1, 5.0, 10.0)
-    bench("100k requests, 16 replicas", 100_000, 16, 80.0, 120.0)
+    if "--quick" not in sys.argv:
+        bench("100k requests, 16 replicas", 100_000, 16, 80.0, 120.0)

@@ -13,6 +13,13 @@ finished requests) when the step's time has passed. The engine calls both; tests
   chunks fill the rest of the token budget (stall-free batching).
 - Disaggregated prefill pool (``prefill_only = True``): a request leaves after its first token and
   keeps its blocks until the engine has moved its KV (``release``).
+- Pipeline parallelism (``pipelined = True``, set by the engine for pp > 1): several batches are in
+  flight; requests in ``in_flight`` are skipped (and never chosen as preemption victims) until their
+  step completes, as vLLM V1's scheduler skips a request with no new tokens to compute while its
+  output is pending. ``max_num_seqs`` and the KV blocks are shared by all in-flight batches (one
+  scheduler, as in V1). Not modelled: V1 advances a prompt's computed tokens at scheduling time, so
+  consecutive prefill chunks of one long prompt can be in flight together; here a request is in at
+  most one in-flight batch.
 """
 
 from __future__ import annotations
