@@ -95,6 +95,7 @@ def _gpu(t: _Table) -> GpuSpec:
         memory=eff.take("memory", float),
         launch_overhead_s=eff.quantity("launch_overhead", _TIME),
         source=eff.take("source", str),
+        gemm_memory=eff.take("gemm_memory", float, default=None),
     )
     eff.done()
     price = t.sub("price", optional=True)
@@ -124,6 +125,7 @@ def _gpu(t: _Table) -> GpuSpec:
         price_source=price_source,
         source=t.take("source", str),
         notes=t.take("notes", str, default=""),
+        architecture=t.take("architecture", str, default=None),
     )
     t.done()
     return spec

@@ -17,21 +17,37 @@ from typing import Sequence
 from hardware.specs import GpuSpec
 
 # --- GEMM -------------------------------------------------------------------------------------------
-# Output tile of one thread block (CTA). 128x128 is the CUTLASS/cuBLAS default bf16 tile on Ampere and a
-# common Hopper tile (Hopper also uses 128x256; for the MAMF shapes both give the same wave fraction
-# within 0.1 %), so one tile shape serves every GPU until a calibration profile overrides it.
+# Output tile of one thread block (CTA). 128x128 is the CUTLASS/cuBLAS default bf16 tile on Ampere and
+# the common Hopper tile (128x256 Hopper tiles were tested against the measured tables below and
+# predicted H200 m = 65..768 rows 23-42 % too slow (median per m band), so one 128x128 tile serves every architecture).
 GEMM_TILE_M = 128
 GEMM_TILE_N = 128
 # For a skinny dimension libraries switch to narrow tiles (cuBLAS swaps operands and uses small-N
 # kernels); 16 is the M of the mma.sync m16n8k16 tensor-core instruction, the narrowest useful tile.
 GEMM_MIN_TILE = 16
+# Hopper's wgmma instruction has M = 64 per warpgroup, so cuBLAS/CUTLASS sm90 kernels come in 64-row
+# and 128-row variants: rows are padded to a multiple of 64, not 128, once m exceeds one tile.
+GEMM_HOPPER_ROW_GRANULARITY = 64
 # k-loop ramp k / (k + k0): a multistage (cp.async / TMA) pipeline loads stages - 1 k-blocks before the
 # first MMA and drains them after the last; with 3 stages of 32 that is 64 k-elements of fixed cost per
 # tile (plus the epilogue), so k0 = 64.
 GEMM_K_PROLOGUE = 64
-# Split-K (and stream-K) kernels fill idle SMs when the output has fewer tiles than SMs; each split
-# must keep a few k-blocks to amortize its prologue and fp32 partial-sum reduction, so k/split >= 256.
+# Split-K fills idle SMs when the output has fewer tiles than SMs; each split must keep a few
+# k-blocks to amortize its prologue and its fp32 partial-sum reduction, so k/split >= 256.
 GEMM_SPLIT_K_MIN_K = 256
+# A split-K GEMM writes fp32 partial sums that a reduction reads back (4 bytes per element each way),
+# and the reduction is a second kernel: one back-to-back small-kernel floor, the mean of 2.7 us (A100
+# 80GB) and 2.5 us (H200) for 64 KB kernels in te42kyfo/gpu-benches gpu-small-kernels.
+GEMM_PARTIAL_BYTES_PER_ELEMENT = 4.0
+GEMM_SPLIT_K_REDUCE_S = 2.6e-6
+# Architectures whose GEMM libraries schedule tiles persistently with stream-K (Osama et al., "Stream-K:
+# Work-centric Parallel Decomposition for Dense Matrix-Matrix Multiplication on the GPU", arXiv
+# 2301.03598; CUTLASS 3.x sm90 KernelTmaWarpSpecializedCooperative + StreamKScheduler, also on sm100):
+# once there are at least as many work units as SMs, the fractional last wave is spread over all SMs,
+# so the wave term is 1 instead of quantized; their split-K partials are exchanged through a workspace
+# small enough to stay in L2. Others (Volta..Ada, CDNA) launch one CTA per tile, quantize waves and
+# reduce split-K partials in a separate kernel through HBM.
+GEMM_STREAM_K_ARCHITECTURES = frozenset({"hopper", "blackwell"})
 
 # --- memory -----------------------------------------------------------------------------------------
 # DRAM pipeline fill + last-wave drain per memory-bound kernel, on top of the launch overhead. Derived
@@ -101,30 +117,69 @@ def _check_positive_int(name: str, value: int) -> None:
         raise ValueError(f"{name} = {value!r} must be an integer >= 1")
 
 
-def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1) -> float:
-    """Achieved fraction of dense peak for ``batch`` (m x k) @ (k x n) GEMMs, compute side only.
+def _gemm_plan(
+    gpu: GpuSpec, m: int, n: int, k: int, *, batch: int, peak_flops_per_s: float, bytes_moved: float | None
+) -> tuple[float, float]:
+    """(kernel seconds without launch, MMA-loop fraction of peak) of the fastest split-K plan.
 
-    efficiency.gemm x tile quantization x best over split-K factors s of (wave quantization x k ramp):
-    - tile: useful m n / padded (ceil(m/T_m) T_m)(ceil(n/T_n) T_n);
-    - wave: work units u = tiles x s; u / (ceil(u / SMs) x SMs);
-    - ramp: (k/s) / (k/s + GEMM_K_PROLOGUE).
-    Taking the best s (as a library heuristic does) keeps the result non-decreasing in k.
+    For each split s (1 .. enough work units to cover the SMs once, k/s >= GEMM_SPLIT_K_MIN_K):
+      compute = FLOPs / (peak x efficiency.gemm x tile x wave x ramp(k/s));
+      memory  = MEMORY_FILL_S + bytes / (HBM x weight efficiency x min(1, units / SMs)), since a grid
+                with fewer CTAs than SMs cannot keep every SM's loads in flight;
+      split-K (s > 1) adds the reduction kernel floor and 2 x s x m n x 4 B of fp32 partials.
+    ``bytes_moved`` None chooses on compute (+ reduction) alone.
     """
     for name, value in (("m", m), ("n", n), ("k", k), ("batch", batch)):
         _check_positive_int(name, value)
+    stream_k = gpu.architecture in GEMM_STREAM_K_ARCHITECTURES
     tile_m, tile_n = _gemm_tile(m, GEMM_TILE_M), _gemm_tile(n, GEMM_TILE_N)
     tiles_m, tiles_n = -(-m // tile_m), -(-n // tile_n)
-    tile_fraction = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
+    padded_m = tiles_m * tile_m
+    if stream_k and m > GEMM_TILE_M:
+        padded_m = -(-m // GEMM_HOPPER_ROW_GRANULARITY) * GEMM_HOPPER_ROW_GRANULARITY
+    base_eff = gpu.efficiency.gemm * (m * n) / (padded_m * tiles_n * tile_n)
     tiles = tiles_m * tiles_n * batch
     sms = gpu.sm_count
-    max_split = max(1, min(sms // tiles, k // GEMM_SPLIT_K_MIN_K))
-    best = 0.0
+    flops = 2.0 * m * n * k * batch
+    weight_eff = gpu.efficiency.gemm_memory if gpu.efficiency.gemm_memory is not None else gpu.efficiency.memory
+    weight_Bps = gpu.hbm_bandwidth_Bps * weight_eff
+    partial_bytes_per_split = GEMM_PARTIAL_BYTES_PER_ELEMENT * m * n * batch
+    max_split = max(1, min(-(-sms // tiles), k // GEMM_SPLIT_K_MIN_K))
+    best_s, best_eff = math.inf, 0.0
     for split in range(1, max_split + 1):
         units = tiles * split
-        wave = units / (-(-units // sms) * sms)
+        wave = 1.0 if stream_k and units >= sms else units / (-(-units // sms) * sms)
         k_per_split = k / split
-        best = max(best, wave * k_per_split / (k_per_split + GEMM_K_PROLOGUE))
-    return gpu.efficiency.gemm * tile_fraction * best
+        eff = base_eff * wave * k_per_split / (k_per_split + GEMM_K_PROLOGUE)
+        time_s = flops / (peak_flops_per_s * eff)
+        if bytes_moved is not None:
+            memory_s = MEMORY_FILL_S + bytes_moved / (weight_Bps * min(1.0, units / sms))
+            time_s = max(time_s, memory_s)
+        if split > 1:
+            partial_bytes = partial_bytes_per_split * split
+            if stream_k and gpu.l2_bandwidth_Bps > 0 and partial_bytes <= gpu.l2_cache_bytes:
+                partial_Bps = gpu.l2_bandwidth_Bps
+            else:
+                partial_Bps = gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
+            time_s += GEMM_SPLIT_K_REDUCE_S + 2.0 * partial_bytes / partial_Bps
+        if time_s < best_s:
+            best_s, best_eff = time_s, eff
+    return best_s, best_eff
+
+
+def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, precision: str | None = None) -> float:
+    """Achieved fraction of dense peak of the MMA loop for ``batch`` (m x k) @ (k x n) GEMMs, compute
+    side only (memory traffic ignored), for the split-K plan that minimizes compute plus reduction time.
+
+    efficiency.gemm x tile quantization x wave x k ramp:
+    - tile: useful m n / padded m x padded n (rows padded to 64 on stream-K architectures once m > 128);
+    - wave: work units u = tiles x s; u / (ceil(u / SMs) x SMs), or 1 once u >= SMs under stream-K;
+    - ramp: (k/s) / (k/s + GEMM_K_PROLOGUE).
+    ``precision`` (default bf16, else fp16) sets the peak the reduction time is weighed against.
+    """
+    if precision is None:
+        precision = "bf16" if "bf16" in gpu.peak_flops_per_s else "fp16"
+    return _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=None)[1]
 
 
 def gemm_time_s(
@@ -138,13 +193,13 @@ def gemm_time_s(
     batch: int = 1,
 ) -> float:
     """``batch`` independent (m x k) @ (k x n) matmuls at ``precision``; operands and output of
-    ``bytes_per_element`` each. max(compute at ``gemm_efficiency``, minimal HBM traffic) + launch."""
+    ``bytes_per_element`` each. The fastest split-K plan of max(compute, weight streaming) plus its
+    reduction (see ``_gemm_plan``), plus launch."""
     if bytes_per_element <= 0:
         raise ValueError(f"bytes_per_element = {bytes_per_element} must be > 0")
-    flops = 2.0 * m * n * k * batch
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element * batch
-    compute_s = flops / (gpu.peak(precision) * gemm_efficiency(gpu, m, n, k, batch=batch))
-    return max(compute_s, hbm_time_s(gpu, bytes_moved)) + launch_overhead_s(gpu)
+    kernel_s, _ = _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=bytes_moved)
+    return kernel_s + launch_overhead_s(gpu)
 
 
 def _check_sequences(sequences: Sequence[tuple[int, int]]) -> None:

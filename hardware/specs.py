@@ -50,6 +50,9 @@ class EfficiencySpec:
     memory: float  # achievable HBM bandwidth / spec (STREAM-like copy)
     launch_overhead_s: float  # fixed cost per kernel launch
     source: str
+    # Achievable HBM bandwidth / spec while a memory-bound GEMM streams its weights (decode GEMV);
+    # None: the STREAM-copy ``memory`` fraction is used.
+    gemm_memory: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +80,9 @@ class GpuSpec:
     notes: str = ""
     # Measured L2 read bandwidth (bytes/s) for a working set that fits in L2; 0.0 when not measured.
     l2_bandwidth_Bps: float = 0.0
+    # Microarchitecture family ("ampere", "hopper", ...); selects the GEMM tile/scheduling description
+    # in ``hardware.cost``. None: the generic (Ampere-style) description.
+    architecture: str | None = None
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; raises if the chip has no such format."""

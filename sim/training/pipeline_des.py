@@ -399,10 +399,10 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     pipeline_time = max(compute_end)
     # idle compute that the schedule causes; waits on FSDP parameter gathers count as exposed dp instead
     bubble = (
-        sum((pipeline_time - b - w) / pipeline_time for b, w in zip(busy, gather_waits)) / pp
+        max(0.0, sum((pipeline_time - b - w) / pipeline_time for b, w in zip(busy, gather_waits)) / pp)
         if pipeline_time > 0.0
         else 0.0
-    )
+    )  # clamped: with no idle time the sum of float differences can round to -1e-17
     no_dp_end = max(compute_end[s] + work.stages[s].optimizer_s for s in range(pp))
     exposed = {axis: 0.0 for axis in (*_AXES_IN_CHUNKS, "dp", "pp")}
     for chunk in work.stages[critical].chunks:
