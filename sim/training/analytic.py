@@ -5,13 +5,22 @@ GPipe and 1F1B take (m + p - 1)(F + B + W) (Narayanan et al. 2021; Huang et al. 
 1F1B with v chunks m (F + B + W) + (p - 1)(F + B + W)/v, ZB-H1 m (F + B + W) + (p - 1)(F + B - W)
 (Qi et al. 2024). Non-uniform stages use the slowest stage for the steady state and the sum over
 stages for fill and drain; each boundary crossing in fill and drain adds a p2p transfer.
+
+Stages come in few classes (with an even split all middle stages are alike), so the formula reads
+per-class terms (``StageTimes``, computed once per class) through a stage -> class map; the sums
+over stages still run in stage order, so grouping changes no float.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
+from typing import Sequence
 
-from sim.training.work import PipelineWork, StageWork
+from sim.training.work import ChunkWork, CommWork, PipelineWork
+
+
+_DURATION = attrgetter("duration_s")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,65 +34,134 @@ class PipelineEstimate:
     stage_busy_s: tuple[float, ...]  # compute-stream busy time per stage
 
 
-def _per_microbatch(stage: StageWork) -> tuple[float, float, float]:
-    forward = sum(c.forward_s for c in stage.chunks)
-    backward_input = sum(c.backward_input_s for c in stage.chunks)
-    backward_weight = sum(c.backward_weight_s for c in stage.chunks)
-    return forward, backward_input, backward_weight
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageTimes:
+    """The per-stage terms of the closed form: one micro-batch's F, B, W over the stage's chunks and
+    its data-parallel and optimizer work (equal for every stage of a class)."""
+
+    forward_s: float
+    backward_input_s: float
+    backward_weight_s: float
+    total_s: float  # F + B + W
+    backward_s: float  # B + W
+    grad_sync_s: float  # all gradient buckets
+    last_bucket_s: float
+    has_grad_sync: bool
+    gathers_s: tuple[float, ...]  # ZeRO-3 parameter all-gathers
+    optimizer_s: float
+    send_bytes: float  # the last chunk's message to the next stage
+    chunks: tuple[ChunkWork, ...]  # for the exposed communication of the critical stage
+
+
+def stage_times(
+    chunks: tuple[ChunkWork, ...], grad_sync: tuple[CommWork, ...], param_gather: tuple[CommWork, ...], optimizer_s: float
+) -> StageTimes:
+    """``StageTimes`` of a stage (or stage class) with this work."""
+    forward = sum(c.forward_s for c in chunks)
+    backward_input = sum(c.backward_input_s for c in chunks)
+    backward_weight = sum(c.backward_weight_s for c in chunks)
+    return StageTimes(
+        forward_s=forward,
+        backward_input_s=backward_input,
+        backward_weight_s=backward_weight,
+        total_s=forward + backward_input + backward_weight,
+        backward_s=backward_input + backward_weight,
+        grad_sync_s=sum(map(_DURATION, grad_sync)),  # C loop, same order as a generator sum
+        last_bucket_s=grad_sync[-1].duration_s if grad_sync else 0.0,
+        has_grad_sync=bool(grad_sync),
+        gathers_s=tuple(g.duration_s for g in param_gather),
+        optimizer_s=optimizer_s,
+        send_bytes=chunks[-1].send_bytes,
+        chunks=chunks,
+    )
 
 
 def p2p_time_s(work: PipelineWork, boundary: int, message_bytes: float) -> float:
-    bandwidth = work.p2p_bandwidth_Bps[boundary]
-    if bandwidth == float("inf"):
+    return _p2p_s(work.p2p_bandwidth_Bps[boundary], work.p2p_latency_s[boundary], message_bytes)
+
+
+def _p2p_s(bandwidth_Bps: float, latency_s: float, message_bytes: float) -> float:
+    if bandwidth_Bps == float("inf"):
         return 0.0
-    return message_bytes / bandwidth + work.p2p_latency_s[boundary]
+    return message_bytes / bandwidth_Bps + latency_s
 
 
 def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     """Iteration time, bubble and exposed communication in closed form."""
-    m, p, v = work.num_microbatches, work.pp, work.virtual_stages
-    times = [_per_microbatch(stage) for stage in work.stages]
-    totals = [f + b + w for f, b, w in times]
+    times = [stage_times(s.chunks, s.grad_sync, s.param_gather, s.optimizer_s) for s in work.stages]
+    return analytic_iteration_classes(
+        times,
+        range(work.pp),
+        schedule=work.schedule,
+        num_microbatches=work.num_microbatches,
+        virtual_stages=work.virtual_stages,
+        p2p_bandwidth_Bps=work.p2p_bandwidth_Bps,
+        p2p_latency_s=work.p2p_latency_s,
+    )
+
+
+def analytic_iteration_classes(
+    classes: Sequence[StageTimes],
+    stage_class: Sequence[int],
+    *,
+    schedule: str,
+    num_microbatches: int,
+    virtual_stages: int,
+    p2p_bandwidth_Bps: Sequence[float],
+    p2p_latency_s: Sequence[float],
+) -> PipelineEstimate:
+    """``analytic_iteration`` of the pipeline whose stage s has the times ``classes[stage_class[s]]``;
+    entry i of the p2p tuples is the link from stage i to stage (i + 1) % pp."""
+    m, p, v = num_microbatches, len(stage_class), virtual_stages
+    totals = [classes[k].total_s for k in stage_class]
     slowest = max(totals)
     # fill and drain cross each of the p - 1 boundaries once forward (activations) and once backward
     p2p = 0.0
     if p > 1:
         for boundary in range(p - 1):
-            message = work.stages[boundary].chunks[-1].send_bytes
-            p2p += 2.0 * p2p_time_s(work, boundary, message)
-    if work.schedule in ("gpipe", "1f1b"):
+            message = classes[stage_class[boundary]].send_bytes
+            p2p += 2.0 * _p2p_s(p2p_bandwidth_Bps[boundary], p2p_latency_s[boundary], message)
+    if schedule in ("gpipe", "1f1b"):
         pipeline = (m - 1) * slowest + sum(totals) + p2p
-    elif work.schedule == "interleaved":
+    elif schedule == "interleaved":
         pipeline = m * slowest + (p - 1) * slowest / v + p2p * v
-    elif work.schedule == "zb-h1":
-        f, b, w = (max(t[i] for t in times) for i in range(3))
+    elif schedule == "zb-h1":
+        used = [classes[k] for k in set(stage_class)]
+        f = max(t.forward_s for t in used)
+        b = max(t.backward_input_s for t in used)
+        w = max(t.backward_weight_s for t in used)
         pipeline = m * slowest + (p - 1) * max(f + b - w, 0.0) + p2p
     else:
-        raise ValueError(f"unknown schedule '{work.schedule}'")
+        raise ValueError(f"unknown schedule '{schedule}'")
     busy = tuple(m * t for t in totals)
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
 
+    # data-parallel time exposed after each class's last backward (the last micro-batch's backward
+    # hides the gradient buckets; ZeRO-3 gathers hide behind the stage's compute)
+    exposed_dp_of: dict[int, float] = {}
+    for k in stage_class:
+        if k in exposed_dp_of:
+            continue
+        t = classes[k]
+        exposed_dp = max(t.last_bucket_s, t.grad_sync_s - t.backward_s) if t.has_grad_sync else 0.0
+        if t.gathers_s:
+            gather_total = 2.0 * m * sum(t.gathers_s)
+            exposed_dp += t.gathers_s[0] + max(0.0, gather_total - m * t.total_s)
+        exposed_dp_of[k] = exposed_dp
     # Each stage finishes its last backward once the later stages have drained theirs.
     iteration = 0.0
     exposed_dp_critical = 0.0
     drain_after = 0.0  # backward of the earlier stages, summed in stage order
-    for index, stage in enumerate(work.stages):
+    for k in stage_class:
         end = pipeline - drain_after
-        drain_after += times[index][1] + times[index][2]
-        window = times[index][1] + times[index][2]  # the last micro-batch's backward hides the buckets
-        sync = sum(c.duration_s for c in stage.grad_sync)
-        last_bucket = stage.grad_sync[-1].duration_s if stage.grad_sync else 0.0
-        exposed_dp = max(last_bucket, sync - window) if stage.grad_sync else 0.0
-        gathers = [g.duration_s for g in stage.param_gather]
-        if gathers:
-            gather_total = 2.0 * m * sum(gathers)
-            exposed_dp += gathers[0] + max(0.0, gather_total - busy[index])
-        finish = end + exposed_dp + stage.optimizer_s
+        t = classes[k]
+        drain_after += t.backward_s
+        finish = end + exposed_dp_of[k] + t.optimizer_s
         if finish >= iteration:
-            iteration, exposed_dp_critical = finish, exposed_dp
-    critical = max(range(p), key=lambda s: totals[s])
+            iteration, exposed_dp_critical = finish, exposed_dp_of[k]
+    critical = max(range(p), key=totals.__getitem__)
     exposed: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    for chunk in work.stages[critical].chunks:
+    for chunk in classes[stage_class[critical]].chunks:
         for axis, seconds in chunk.exposed_comm_s.items():
             exposed[axis] = exposed.get(axis, 0.0) + seconds * m
     exposed["pp"] = p2p

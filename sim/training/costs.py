@@ -8,19 +8,26 @@ rank per pipeline stage is priced: every data-parallel replica and every tp/cp p
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Mapping
+from operator import attrgetter
+from typing import Any, Mapping
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import Tier
 from hardware.transfer import transfer_time_s
 from sim import costmodel
 from sim.training.config import TrainingSetup
-from sim.training.memory import activation_bytes_per_layer, memory_per_stage, shard_degrees
+from sim.training.analytic import StageTimes, stage_times
+from sim.training.memory import activation_bytes_per_layer, memory_per_stage, shard_degrees, stage_memory_classes
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.plan import ParallelPlan, stage_layer_counts
 from workloads.precision import bytes_per_element
+
+# Enum members looked up once (attribute access on an Enum class is slow in a search loop)
+_ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
+_COLLECTIVE_NAMES = {kind: kind.value for kind in Collective}
+_DURATION = attrgetter("duration_s")
 
 # Megatron-LM's DDP gradient bucket: max(40M, 1M x dp) parameters (megatron/core/distributed,
 # `bucket_size = max(40000000, 1000000 * dp_size)`).
@@ -324,34 +331,56 @@ def chunk_cost(
     return ChunkCost(work=work, flops=flops, recompute_flops=recompute_flops)
 
 
+ChunkSignature = tuple[int, int, bool, bool]  # (dense layers, layers, holds embedding, holds LM head)
+
+
+def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], ...]:
+    """Every stage's chunks as signatures, in model order. A chunk's price and parameters depend on its
+    layers only through how many are dense and how many MoE (dense layers come first) and on whether
+    it holds the embedding / LM head."""
+    model, plan = setup.model, setup.plan
+    counts = stage_layer_counts(model.layers, plan)
+    dense_layers = model.dense_layers if model.is_moe else model.layers
+    last_chunk = len(counts) - 1
+    signatures: list[list[ChunkSignature]] = [[] for _ in range(plan.pp)]
+    start = 0
+    for chunk, count in enumerate(counts):
+        dense = min(max(dense_layers - start, 0), count)
+        signatures[chunk % plan.pp].append((dense, count, chunk == 0, chunk == last_chunk))
+        start += count
+    return tuple(tuple(stage) for stage in signatures)
+
+
+def _signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
+    """``stage_parameters_per_rank`` of the stage whose chunks are ``signature`` (layer by layer in
+    model order, so the float sum is the one of every stage with this signature)."""
+    model, plan = setup.model, setup.plan
+    per_layer: dict[bool, float] = {}  # parameters per rank of a dense / MoE layer, computed once
+    params = 0.0
+    for dense, count, _, _ in signature:
+        for index in range(count):
+            moe = model.is_moe and index >= dense
+            if moe not in per_layer:
+                if moe:
+                    experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
+                    moe_dense = model.layer_parameters(moe=True) - experts
+                    per_layer[moe] = moe_dense / plan.tp + experts / (plan.tp * plan.ep)
+                else:
+                    per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
+            params += per_layer[moe]
+    table = model.vocab * model.hidden / plan.tp
+    if any(first for _, _, first, _ in signature):
+        params += table
+    if any(last for _, _, _, last in signature) and (not model.tied_embeddings or plan.pp > 1):
+        params += table
+    return params
+
+
 def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
     """Parameters one rank of ``stage`` holds before any ZeRO sharding: its layers (all its virtual
     chunks) divided by tp (experts also by ep), plus the embedding on stage 0 and the LM head on the
     last stage (a tied head is a second copy there when pp > 1, as Megatron keeps it)."""
-    model, plan = setup.model, setup.plan
-    counts = stage_layer_counts(model.layers, plan)
-    per_layer: dict[bool, float] = {}  # parameters per rank of a dense / MoE layer, computed once
-    first_layer = 0
-    params = 0.0
-    for chunk, count in enumerate(counts):
-        if chunk % plan.pp == stage:
-            for layer in range(first_layer, first_layer + count):
-                moe = model.is_moe and layer >= model.dense_layers
-                if moe not in per_layer:
-                    if moe:
-                        experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
-                        dense = model.layer_parameters(moe=True) - experts
-                        per_layer[moe] = dense / plan.tp + experts / (plan.tp * plan.ep)
-                    else:
-                        per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
-                params += per_layer[moe]
-        first_layer += count
-    table = model.vocab * model.hidden / plan.tp
-    if stage == 0:
-        params += table
-    if stage == plan.pp - 1 and (not model.tied_embeddings or plan.pp > 1):
-        params += table
-    return params
+    return _signature_parameters(setup, stage_signatures(setup)[stage])
 
 
 def grad_sync_work(
@@ -365,23 +394,28 @@ def grad_sync_work(
     fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
     fp16 for fp16 training. All full buckets have one size, so they are priced once.
     """
+    return _grad_sync(setup, stage_parameters_per_rank(setup, stage), links, cache)
+
+
+def _grad_sync(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+) -> tuple[CommWork, ...]:
     plan = setup.plan
     cache = cache if cache is not None else PricingCache()
     collective = cache.collective_s
     group = links["dp"]
     if group.size <= 1:
         return ()
-    params = stage_parameters_per_rank(setup, stage)
     grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
-    kind = Collective.ALL_REDUCE if plan.zero == 0 else Collective.REDUCE_SCATTER
+    kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     shard = links["dp_shard"].size if plan.hsdp else group.size
 
     def seconds(message: float) -> float:
         if not plan.hsdp:
             return collective(kind, message, group)
-        return collective(Collective.REDUCE_SCATTER, message, links["dp_shard"]) + collective(
-            Collective.ALL_REDUCE, message / shard, links["dp_replicate"]
+        return collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
+            _ALL_REDUCE, message / shard, links["dp_replicate"]
         )
 
     # Full buckets, then the remainder. Subtracting the integer bucket from a float parameter count
@@ -395,10 +429,11 @@ def grad_sync_work(
         full += 1
         remaining -= bucket
     message = bucket * grad_bytes
-    buckets = (CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=seconds(message)),) * full
+    kind_name = _COLLECTIVE_NAMES[kind]
+    buckets = (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),) * full
     if remaining > 0:
         message = remaining * grad_bytes
-        buckets += (CommWork(axis="dp", kind=kind.value, message_bytes=message, duration_s=seconds(message)),)
+        buckets += (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),)
     return buckets
 
 
@@ -406,11 +441,16 @@ def param_gather_work(
     setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
 ) -> tuple[CommWork, ...]:
     """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
+    return _param_gather(setup, stage_parameters_per_rank(setup, stage), links, cache)
+
+
+def _param_gather(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+) -> tuple[CommWork, ...]:
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
     if plan.zero != 3 or group.size <= 1:
         return ()
-    params = stage_parameters_per_rank(setup, stage)
     per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
     seconds = (cache.collective_s if cache is not None else collective_time_s)(Collective.ALL_GATHER, per_chunk, group)
     gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
@@ -428,8 +468,13 @@ def optimizer_time_s(
     host DRAM bandwidth and move gradients down and parameters up over PCIe (ZeRO-Offload); NVMe
     offload also reads and writes the optimizer states from NVMe (ZeRO-Infinity).
     """
+    return _optimizer_time_s(setup, stage_parameters_per_rank(setup, stage), links, cache)
+
+
+def _optimizer_time_s(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+) -> float:
     plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
-    params = stage_parameters_per_rank(setup, stage)
     sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
     shard = params / sharded_over if plan.zero >= 1 else params
     per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision)
@@ -489,25 +534,106 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
     depends on besides its links and layers, the second everything a ``build_iteration`` result does."""
     plan = setup.plan
     chunk_context = cache.intern((
-        "chunk", cache.gpu_id(setup.cluster.gpu), setup.model, setup.job, setup.attention_kernel,
+        "chunk", cache.gpu_id(setup.cluster.gpu), cache.model_id(setup.model), setup.job, setup.attention_kernel,
         setup.expert_load_imbalance, setup.overlap_slowdown, tuple(getattr(plan, f) for f in _CHUNK_PLAN_FIELDS),
     ))
     setup_context = cache.intern(("setup", chunk_context, cache.cluster_id(setup.cluster), plan, setup.dp_comm_overlap))
     return chunk_context, setup_context
 
 
-def _stage_components(
+# ParallelPlan fields a stage's gradient buckets, gathers and optimizer step do not depend on beyond
+# its chunk signature (pp only through whether the tied LM head is a second copy: pp > 1, in the key).
+_NOT_STAGE_FIELDS = ("pp", "schedule", "layers_per_stage")
+_STAGE_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_STAGE_FIELDS)
+
+
+def _stage_context(setup: TrainingSetup, chunk_context: int, cache: PricingCache) -> int:
+    """Interned id of everything a stage class's work depends on besides its links and signature."""
+    plan = setup.plan
+    return cache.intern((
+        "stage", chunk_context, cache.cluster_id(setup.cluster), setup.dp_comm_overlap, plan.pp > 1,
+        tuple(getattr(plan, f) for f in _STAGE_PLAN_FIELDS),
+    ))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageClassWork:
+    """The work of every pipeline stage with the same chunk signature and process-group links:
+    everything of a ``StageWork`` but its index and static memory (which ``build_iteration`` adds
+    per stage), plus the per-micro-batch FLOPs and the closed form's per-stage terms."""
+
+    chunks: tuple[ChunkWork, ...]
+    chunk_flops: tuple[tuple[float, float], ...]  # per chunk: (hardware FLOPs, recompute FLOPs) per micro-batch
+    grad_sync: tuple[CommWork, ...]
+    param_gather: tuple[CommWork, ...]
+    optimizer_s: float
+    times: StageTimes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageLayout:
+    """How a plan's stages fall into classes: equal chunk signatures and equal links."""
+
+    signatures: tuple[tuple[ChunkSignature, ...], ...]  # per class
+    links: tuple[dict[str, GroupLinks], ...]  # per class
+    links_keys: tuple[tuple[int, ...], ...]  # per class: interned links per GROUP_AXES axis
+    chunk_ranges: tuple[tuple[tuple[range, bool, bool], ...], ...]  # per class: its first stage's chunks
+    stage_class: tuple[int, ...]  # class index of every stage
+    memory_kinds: tuple[tuple[int, int, bool, bool], ...]  # memory.stage_memory_classes(model, plan)
+    memory_class: tuple[int, ...]
+
+
+def stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
+    """The plan's stage classes, memoized on the few inputs they depend on."""
+    model, plan = setup.model, setup.plan
+    key = (
+        cache.cluster_id(setup.cluster), model.layers, model.dense_layers if model.is_moe else model.layers,
+        plan.pp, plan.virtual_stages, plan.layers_per_stage, plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
+    )
+    return cache.memo("layout", key, lambda: _stage_layout(setup, cache))
+
+
+def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
+    plan = setup.plan
+    counts = stage_layer_counts(setup.model.layers, plan)
+    starts = [sum(counts[:c]) for c in range(len(counts))]
+    num_chunks = len(counts)
+    classes: dict[tuple[Any, ...], int] = {}
+    signatures, links_list, links_keys, chunk_ranges, stage_class = [], [], [], [], []
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage, cache)
+        links_key = tuple(cache.links_id(links[axis]) for axis in GROUP_AXES)
+        index = classes.setdefault((signature, links_key), len(classes))
+        if index == len(signatures):
+            signatures.append(signature)
+            links_list.append(links)
+            links_keys.append(links_key)
+            chunk_ranges.append(tuple(
+                (range(starts[chunk], starts[chunk] + counts[chunk]), chunk == 0, chunk == num_chunks - 1)
+                for chunk in range(stage, num_chunks, plan.pp)
+            ))
+        stage_class.append(index)
+    memory_kinds, memory_class = stage_memory_classes(setup.model, plan)
+    return StageLayout(
+        signatures=tuple(signatures),
+        links=tuple(links_list),
+        links_keys=tuple(links_keys),
+        chunk_ranges=tuple(chunk_ranges),
+        stage_class=tuple(stage_class),
+        memory_kinds=memory_kinds,
+        memory_class=memory_class,
+    )
+
+
+def _stage_class_work(
     setup: TrainingSetup,
-    stage: int,
-    chunk_ranges: list[tuple[range, bool, bool]],
-    signature: tuple[tuple[int, int, bool, bool], ...],
-    links: Mapping[str, GroupLinks],
-    links_key: tuple[int, ...],
+    layout: StageLayout,
+    index: int,
     chunk_context: int,
     cache: PricingCache,
-) -> tuple[tuple[ChunkWork, ...], tuple[tuple[float, float], ...], tuple[CommWork, ...], tuple[CommWork, ...], float]:
-    """(chunks, per-chunk (flops, recompute flops), gradient buckets, parameter gathers, optimizer
-    seconds) of one stage: everything of a ``StageWork`` but its index and static memory."""
+) -> StageClassWork:
+    """Price one stage class: chunks, gradient buckets, parameter gathers, optimizer step."""
+    signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
     # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
     layer_cache: dict[bool, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
     costs = [
@@ -516,18 +642,85 @@ def _stage_components(
             (chunk_context, links_key, chunk_signature),
             lambda: chunk_cost(setup, layers=layers, first=first, last=last, links=links, layer_cache=layer_cache, cache=cache),
         )
-        for (layers, first, last), chunk_signature in zip(chunk_ranges, signature)
+        for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature)
     ]
-    grad_sync = grad_sync_work(setup, stage, links, cache)
-    optimizer_s = optimizer_time_s(setup, stage, links, cache) + (
-        0.0 if setup.dp_comm_overlap else sum(c.duration_s for c in grad_sync)
+    params = cache.memo(
+        "parameters",
+        (cache.model_id(setup.model), setup.plan.tp, setup.plan.ep, setup.plan.pp > 1, signature),
+        lambda: _signature_parameters(setup, signature),
     )
-    return (
-        tuple(c.work for c in costs),
-        tuple((c.flops, c.recompute_flops) for c in costs),
-        grad_sync if setup.dp_comm_overlap else (),
-        param_gather_work(setup, stage, links, cache),
-        optimizer_s,
+    grad_sync = _grad_sync(setup, params, links, cache)
+    optimizer_s = _optimizer_time_s(setup, params, links, cache) + (
+        0.0 if setup.dp_comm_overlap else sum(map(_DURATION, grad_sync))
+    )
+    chunks = tuple(c.work for c in costs)
+    grad_sync = grad_sync if setup.dp_comm_overlap else ()
+    param_gather = _param_gather(setup, params, links, cache)
+    return StageClassWork(
+        chunks=chunks,
+        chunk_flops=tuple((c.flops, c.recompute_flops) for c in costs),
+        grad_sync=grad_sync,
+        param_gather=param_gather,
+        optimizer_s=optimizer_s,
+        times=stage_times(chunks, grad_sync, param_gather, optimizer_s),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationClasses:
+    """``build_iteration``'s result with every distinct stage priced once: ``classes[stage_class[s]]``
+    is stage s's work. The analytic fidelity reads this directly; the DES expands it to stages."""
+
+    layout: StageLayout
+    classes: tuple[StageClassWork, ...]
+    schedule: str
+    num_microbatches: int
+    virtual_stages: int
+    p2p_bandwidth_Bps: tuple[float, ...]
+    p2p_latency_s: tuple[float, ...]
+    overlap_slowdown: float
+    hardware_flops_per_replica: float
+    recompute_flops_per_replica: float
+
+
+def build_iteration_classes(setup: TrainingSetup, cache: PricingCache | None = None) -> IterationClasses:
+    """Price each stage class's chunks, gradient buckets and optimizer step once (see ``build_iteration``)."""
+    cache = cache if cache is not None else PricingCache()
+    plan = setup.plan
+    chunk_context, _ = pricing_keys(setup, cache)
+    stage_context = _stage_context(setup, chunk_context, cache)
+    layout = stage_layout(setup, cache)
+    classes = tuple(
+        cache.memo(
+            "stage",
+            (stage_context, layout.links_keys[index], layout.signatures[index]),
+            lambda: _stage_class_work(setup, layout, index, chunk_context, cache),
+        )
+        for index in range(len(layout.signatures))
+    )
+    # per-micro-batch FLOPs summed stage by stage, chunk by chunk (the order of the per-stage sum)
+    flops = recompute_flops = 0.0
+    for index in layout.stage_class:
+        for chunk_flop, chunk_recompute_flop in classes[index].chunk_flops:
+            flops += chunk_flop
+            recompute_flops += chunk_recompute_flop
+    bandwidth, latency = cache.memo(
+        "p2p_links", (cache.cluster_id(setup.cluster), plan.tp * plan.cp * plan.dp, plan.pp),
+        lambda: p2p_links(setup, cache),
+    )
+    m = setup.num_microbatches
+    ranks_per_stage = plan.tp * plan.cp
+    return IterationClasses(
+        layout=layout,
+        classes=classes,
+        schedule=plan.schedule,
+        num_microbatches=m,
+        virtual_stages=plan.virtual_stages,
+        p2p_bandwidth_Bps=bandwidth,
+        p2p_latency_s=latency,
+        overlap_slowdown=setup.overlap_slowdown,
+        hardware_flops_per_replica=flops * m * ranks_per_stage,
+        recompute_flops_per_replica=recompute_flops * m * ranks_per_stage,
     )
 
 
@@ -535,14 +728,12 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
     """Price every stage's chunks, gradient buckets and optimizer step.
 
     ``cache`` (a search passes one for all its evaluations) memoizes exact intermediate results;
-    without it a fresh one still prices identical stages (same chunks, links) once.
+    without it a fresh one still prices each stage class (same chunks, links) once.
     """
     cache = cache if cache is not None else PricingCache()
     plan, model = setup.plan, setup.model
-    counts = stage_layer_counts(model.layers, plan)
-    starts = [sum(counts[:c]) for c in range(len(counts))]
-    num_chunks = len(counts)
-    chunk_context, setup_context = pricing_keys(setup, cache)
+    priced = build_iteration_classes(setup, cache)
+    _, setup_context = pricing_keys(setup, cache)
     capacity = setup.cluster.gpu.hbm_capacity_bytes
     flash = setup.attention_kernel == "flash"
     memory = cache.memo(
@@ -550,55 +741,30 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
         (setup_context, capacity, flash),
         lambda: memory_per_stage(model, plan, setup.job, capacity_bytes=capacity, flash_attention=flash),
     )
-    dense_layers = model.dense_layers if model.is_moe else model.layers
     stages = []
-    flops = recompute_flops = 0.0
-    for stage in range(plan.pp):
-        links = group_links(setup, stage, cache)
-        chunk_ranges = [
-            (range(starts[chunk], starts[chunk] + counts[chunk]), chunk == 0, chunk == num_chunks - 1)
-            for chunk in range(stage, num_chunks, plan.pp)
-        ]
-        # a chunk's price depends on its layers only through how many are dense and how many MoE
-        # (dense layers come first), and on whether it holds the embedding / LM head
-        signature = tuple(
-            (min(max(dense_layers - layers.start, 0), len(layers)), len(layers), first, last)
-            for layers, first, last in chunk_ranges
-        )
-        links_key = tuple(cache.links_id(links[axis]) for axis in GROUP_AXES)
-        chunks, chunk_flops, grad_sync, param_gather, optimizer_s = cache.memo(
-            "stage",
-            (setup_context, links_key, signature),
-            lambda: _stage_components(setup, stage, chunk_ranges, signature, links, links_key, chunk_context, cache),
-        )
-        for chunk_flop, chunk_recompute_flop in chunk_flops:
-            flops += chunk_flop
-            recompute_flops += chunk_recompute_flop
-        breakdown = memory[stage]
+    for stage, index in enumerate(priced.layout.stage_class):
+        work, breakdown = priced.classes[index], memory[stage]
         stages.append(
             StageWork(
                 stage=stage,
-                chunks=chunks,
-                grad_sync=grad_sync,
-                param_gather=param_gather,
-                optimizer_s=optimizer_s,
+                chunks=work.chunks,
+                grad_sync=work.grad_sync,
+                param_gather=work.param_gather,
+                optimizer_s=work.optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )
         )
-    bandwidth, latency = p2p_links(setup, cache)
-    m = setup.num_microbatches
-    ranks_per_stage = plan.tp * plan.cp
     pipeline = PipelineWork(
-        schedule=plan.schedule,
-        num_microbatches=m,
-        virtual_stages=plan.virtual_stages,
+        schedule=priced.schedule,
+        num_microbatches=priced.num_microbatches,
+        virtual_stages=priced.virtual_stages,
         stages=tuple(stages),
-        p2p_bandwidth_Bps=bandwidth,
-        p2p_latency_s=latency,
-        overlap_slowdown=setup.overlap_slowdown,
+        p2p_bandwidth_Bps=priced.p2p_bandwidth_Bps,
+        p2p_latency_s=priced.p2p_latency_s,
+        overlap_slowdown=priced.overlap_slowdown,
     )
     return IterationWork(
         pipeline=pipeline,
-        hardware_flops_per_replica=flops * m * ranks_per_stage,
-        recompute_flops_per_replica=recompute_flops * m * ranks_per_stage,
+        hardware_flops_per_replica=priced.hardware_flops_per_replica,
+        recompute_flops_per_replica=priced.recompute_flops_per_replica,
     )

@@ -239,19 +239,20 @@ def _layer_params(model: ModelSpec, plan: ParallelPlan, moe: bool) -> _LayerPara
     return _LayerParams(dense=attention + norms + mlp, expert=0.0, matmul=attention + mlp)
 
 
-def _stage_layer_kinds(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
-    """(dense, MoE) transformer layers on ``stage``; chunk c runs on stage c % pp, and the first
+def stage_layer_kinds(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[int, int], ...]:
+    """(dense, MoE) transformer layers of every stage; chunk c runs on stage c % pp, and the first
     ``model.dense_layers`` layers of an MoE model are dense."""
     counts = stage_layer_counts(model.layers, plan)
-    dense = moe = 0
+    dense = [0] * plan.pp
+    moe = [0] * plan.pp
     start = 0
     for chunk, count in enumerate(counts):
-        if chunk % plan.pp == stage:
-            in_moe = max(0, start + count - max(start, model.dense_layers)) if model.is_moe else 0
-            moe += in_moe
-            dense += count - in_moe
+        stage = chunk % plan.pp
+        in_moe = max(0, start + count - max(start, model.dense_layers)) if model.is_moe else 0
+        moe[stage] += in_moe
+        dense[stage] += count - in_moe
         start += count
-    return dense, moe
+    return tuple(zip(dense, moe))
 
 
 def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
@@ -269,34 +270,59 @@ def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
 
 
 # ---- the stage breakdown -------------------------------------------------------------------------
-def stage_memory(
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemoryClass:
+    """Everything of a ``MemoryBreakdown`` that is the same on every stage with the same layers and
+    pipeline ends: only the in-flight micro-batches (a function of the stage index) scale the
+    stored activations. ``memory_per_stage`` computes one per distinct (dense, MoE, first, last)."""
+
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    other_bytes: float
+    cpu_offload_bytes: float
+    nvme_offload_bytes: float
+    stored_bytes_per_microbatch: float  # transformer-layer activations of one in-flight micro-batch
+    first_stage_tokens: float  # s b / cp on the first stage (token ids and embedding mask), else 0
+    first_stage_bytes_per_token: float  # token id + embedding dropout mask bytes per token
+
+    def breakdown(self, *, stage: int, inflight: float, capacity_bytes: float) -> MemoryBreakdown:
+        """The stage's breakdown with ``inflight`` micro-batches' activations stored."""
+        activations = inflight * self.stored_bytes_per_microbatch
+        if self.first_stage_tokens:
+            activations += inflight * self.first_stage_tokens * self.first_stage_bytes_per_token
+        return MemoryBreakdown(
+            stage=stage,
+            weights_bytes=self.weights_bytes,
+            gradients_bytes=self.gradients_bytes,
+            optimizer_bytes=self.optimizer_bytes,
+            activations_bytes=activations,
+            other_bytes=self.other_bytes,
+            capacity_bytes=float(capacity_bytes),
+            cpu_offload_bytes=self.cpu_offload_bytes,
+            nvme_offload_bytes=self.nvme_offload_bytes,
+        )
+
+
+def stage_memory_class(
     model: ModelSpec,
     plan: ParallelPlan,
     job: TrainingJob,
     *,
-    capacity_bytes: float,
-    stage: int,
+    dense_layers: int,
+    moe_layers: int,
+    first: bool,
+    last: bool,
     flash_attention: bool = True,
     dropout: bool = True,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-) -> MemoryBreakdown:
-    """Peak memory of one GPU of pipeline stage ``stage``; see the module docstring for conventions.
-
-    ``gpus_per_node`` only matters for HSDP (sharding group = the dp x cp ranks inside one node).
-    Raises InvalidPlanError when global_batch is not divisible by dp x micro_batch.
-    """
-    if not capacity_bytes > 0:
-        raise ValueError(f"capacity_bytes = {capacity_bytes!r} must be > 0")
-    if not 0 <= stage < plan.pp:
-        raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
-    if gpus_per_node < 1:
-        raise ValueError(f"gpus_per_node = {gpus_per_node!r} must be >= 1")
-    first, last = stage == 0, stage == plan.pp - 1
+) -> StageMemoryClass:
+    """The stage-index-free part of ``stage_memory`` for a stage holding ``dense_layers`` dense and
+    ``moe_layers`` MoE layers, the embedding when ``first`` and the LM head when ``last``."""
     t = plan.tp
 
     # parameters on this rank: its layers, the input embedding on the first stage, the LM head on the
     # last (a tied embedding is kept on both ends when pp > 1, as Megatron does)
-    dense_layers, moe_layers = _stage_layer_kinds(model, plan, stage)
     dense = expert = matmul = largest_layer = 0.0
     for count, moe in ((dense_layers, False), (moe_layers, True)):
         if count:
@@ -343,9 +369,9 @@ def stage_memory(
         cpu, nvme, weights, gradients, optimizer = gradients, weights + optimizer, 0.0, 0.0, 0.0
         working_buffer = gathered_layer
 
-    # activations: stored per layer x micro-batches in flight (Korthikanti 2022 Eq. 5-6, Narayanan 2021)
+    # activations: stored per layer x micro-batches in flight (Korthikanti 2022 Eq. 5-6, Narayanan
+    # 2021); the in-flight count is applied per stage by StageMemoryClass.breakdown
     m = job.num_microbatches(plan.dp)
-    inflight = inflight_microbatches(plan, m, stage)
     per_kind = {
         moe: _layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
         for moe, count in ((False, dense_layers), (True, moe_layers))
@@ -356,15 +382,14 @@ def stage_memory(
         full, core, layer_input = parts
         return layer_input if plan.recompute == "full" else full - core if plan.recompute == "selective" else full
 
-    activations = inflight * sum(
-        (moe_layers if moe else dense_layers) * stored(parts) for moe, parts in per_kind.items()
-    )
+    stored_per_microbatch = sum((moe_layers if moe else dense_layers) * stored(parts) for moe, parts in per_kind.items())
     tokens = job.seq_len / plan.cp * job.micro_batch
     sp = t if plan.sequence_parallel else 1
+    first_bytes_per_token = 0.0
     if first:
         # Megatron theoretical_memory_usage.py: token ids (8 s b) and the embedding dropout mask (s b h)
         mask = DROPOUT_MASK_BYTES if dropout else 0.0
-        activations += inflight * tokens * (TOKEN_ID_BYTES + mask * model.hidden / sp)
+        first_bytes_per_token = TOKEN_ID_BYTES + mask * model.hidden / sp
 
     # recompute working set: the part of one layer re-materialised during its backward
     recompute_working = 0.0
@@ -380,17 +405,66 @@ def stage_memory(
         logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
 
     reserves = CUBLAS_WORKSPACE_BYTES + RUNTIME_RESERVE_BYTES + (NCCL_BUFFER_BYTES if plan.world_size > 1 else 0.0)
-    return MemoryBreakdown(
-        stage=stage,
+    return StageMemoryClass(
         weights_bytes=weights,
         gradients_bytes=gradients,
         optimizer_bytes=optimizer,
-        activations_bytes=activations,
         other_bytes=reserves + logits + recompute_working + working_buffer,
-        capacity_bytes=float(capacity_bytes),
         cpu_offload_bytes=cpu,
         nvme_offload_bytes=nvme,
+        stored_bytes_per_microbatch=stored_per_microbatch,
+        first_stage_tokens=tokens if first else 0.0,
+        first_stage_bytes_per_token=first_bytes_per_token,
     )
+
+
+def _check_memory_inputs(capacity_bytes: float, gpus_per_node: int) -> None:
+    if not capacity_bytes > 0:
+        raise ValueError(f"capacity_bytes = {capacity_bytes!r} must be > 0")
+    if gpus_per_node < 1:
+        raise ValueError(f"gpus_per_node = {gpus_per_node!r} must be >= 1")
+
+
+def stage_memory(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    job: TrainingJob,
+    *,
+    capacity_bytes: float,
+    stage: int,
+    flash_attention: bool = True,
+    dropout: bool = True,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+) -> MemoryBreakdown:
+    """Peak memory of one GPU of pipeline stage ``stage``; see the module docstring for conventions.
+
+    ``gpus_per_node`` only matters for HSDP (sharding group = the dp x cp ranks inside one node).
+    Raises InvalidPlanError when global_batch is not divisible by dp x micro_batch.
+    """
+    _check_memory_inputs(capacity_bytes, gpus_per_node)
+    if not 0 <= stage < plan.pp:
+        raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
+    dense_layers, moe_layers = stage_layer_kinds(model, plan)[stage]
+    kind = stage_memory_class(
+        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=stage == 0,
+        last=stage == plan.pp - 1, flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
+    )
+    inflight = inflight_microbatches(plan, job.num_microbatches(plan.dp), stage)
+    return kind.breakdown(stage=stage, inflight=inflight, capacity_bytes=capacity_bytes)
+
+
+def stage_memory_classes(
+    model: ModelSpec, plan: ParallelPlan
+) -> tuple[tuple[tuple[int, int, bool, bool], ...], tuple[int, ...]]:
+    """(distinct (dense layers, MoE layers, first, last) in order of first appearance, class index of
+    every stage): stages of one class differ in memory only through their in-flight micro-batches."""
+    keys: dict[tuple[int, int, bool, bool], int] = {}
+    stage_class = []
+    last_stage = plan.pp - 1
+    for stage, (dense, moe) in enumerate(stage_layer_kinds(model, plan)):
+        key = (dense, moe, stage == 0, stage == last_stage)
+        stage_class.append(keys.setdefault(key, len(keys)))
+    return tuple(keys), tuple(stage_class)
 
 
 def memory_per_stage(
@@ -403,17 +477,40 @@ def memory_per_stage(
     dropout: bool = True,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
 ) -> tuple[MemoryBreakdown, ...]:
-    """``stage_memory`` for every pipeline stage, in order."""
-    return tuple(
-        stage_memory(
-            model,
-            plan,
-            job,
-            capacity_bytes=capacity_bytes,
-            stage=stage,
-            flash_attention=flash_attention,
-            dropout=dropout,
-            gpus_per_node=gpus_per_node,
+    """``stage_memory`` for every pipeline stage, in order (each distinct stage class computed once)."""
+    _check_memory_inputs(capacity_bytes, gpus_per_node)
+    keys, stage_class = stage_memory_classes(model, plan)
+    kinds = [
+        stage_memory_class(
+            model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
+            flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
         )
-        for stage in range(plan.pp)
+        for dense, moe, first, last in keys
+    ]
+    m = job.num_microbatches(plan.dp)
+    return tuple(
+        kinds[k].breakdown(stage=stage, inflight=inflight_microbatches(plan, m, stage), capacity_bytes=capacity_bytes)
+        for stage, k in enumerate(stage_class)
     )
+
+
+def peak_memory_stages(
+    kinds: tuple[StageMemoryClass, ...],
+    stage_class: tuple[int, ...],
+    plan: ParallelPlan,
+    num_microbatches: int,
+    *,
+    capacity_bytes: float,
+) -> tuple[MemoryBreakdown, ...]:
+    """The breakdown of the first stage of every class, in stage order: in-flight micro-batches never
+    grow with the stage index (``inflight_microbatches``), so within a class the first stage holds
+    the most, and the largest total, the first stage reaching it, whether all fit and the largest
+    shortfall over these equal those over ``memory_per_stage``."""
+    seen: set[int] = set()
+    out = []
+    for stage, k in enumerate(stage_class):
+        if k not in seen:
+            seen.add(k)
+            inflight = inflight_microbatches(plan, num_microbatches, stage)
+            out.append(kinds[k].breakdown(stage=stage, inflight=inflight, capacity_bytes=capacity_bytes))
+    return tuple(out)

@@ -103,8 +103,12 @@ class PricingCache:
             cluster, lambda c: ("cluster", self.gpu_id(c.gpu), c.node, c.network, c.num_gpus)
         )
 
+    def model_id(self, model: Hashable) -> int:
+        """Interned id of a ``ModelSpec`` (by identity first, so a search's one model hashes once)."""
+        return self._identity_id(model, lambda m: ("model", m))
+
     def links_id(self, links: GroupLinks) -> int:
-        return self.intern(links)
+        return self._identity_id(links, lambda g: ("links", g))
 
     def group_links(self, cluster: Cluster, start: int, stride: int, count: int) -> GroupLinks:
         """``cluster.group_links`` of the ranks start, start + stride, ... (``count`` of them)."""
