@@ -118,7 +118,13 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from sim.runner import RunOptions, simulate
 
     config = load_config(args.config, args.set)
-    options = RunOptions(fidelity=args.fidelity, seed=args.seed, trace=bool(args.trace), verbose=args.verbose)
+    options = RunOptions(
+        fidelity=args.fidelity,
+        seed=args.seed,
+        trace=bool(args.trace),
+        verbose=args.verbose,
+        config_dir=Path(args.config).resolve().parent,
+    )
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)

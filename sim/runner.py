@@ -20,6 +20,7 @@ class RunOptions:
     seed: int = 0
     trace: bool = False  # collect trace events (costs memory; only when --trace is given)
     verbose: bool = False
+    config_dir: Path | None = None  # folder of the config file: relative paths in it resolve here
 
     def __post_init__(self) -> None:
         if self.fidelity not in FIDELITIES:

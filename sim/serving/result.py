@@ -76,6 +76,7 @@ class ServingResult:
                 "role": pool.role,
                 "replicas": len(pool.replicas),
                 "tp": pool.shape.tp,
+                "ep": pool.shape.ep,
                 "pp": pool.shape.pp,
                 "kv_capacity_tokens": m.capacity_tokens,
                 "memory_bytes": {
@@ -91,7 +92,7 @@ class ServingResult:
             "scheduler": spec.scheduler,
             "model": system.model.name,
             "gpu": system.cluster.gpu.name,
-            "num_gpus": sum(p["replicas"] * p["tp"] * p["pp"] for p in pools),
+            "num_gpus": sum(len(pool.replicas) * pool.shape.num_gpus for pool in system.pools),
             "fits_in_memory": all(p["fits_in_memory"] for p in pools),
             "pools": pools,
         })
@@ -106,7 +107,7 @@ class ServingResult:
             gib = 2**30
             mem = p["memory_bytes"]
             lines.append(
-                f"  {p['role']}: {p['replicas']} x (tp {p['tp']}, pp {p['pp']}); per GPU weights {mem['weights'] / gib:.1f} GiB, "
+                f"  {p['role']}: {p['replicas']} x (tp {p['tp']}, ep {p['ep']}, pp {p['pp']}); per GPU weights {mem['weights'] / gib:.1f} GiB, "
                 f"KV {mem['kv_cache'] / gib:.1f} GiB = {p['kv_capacity_tokens']:,} tokens"
                 + ("" if p["fits_in_memory"] else f"  DOES NOT FIT (short {p['shortfall_bytes'] / gib:.2f} GiB)")
             )

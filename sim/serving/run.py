@@ -17,7 +17,7 @@ from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.serving.batching import OrcaScheduler, StaticScheduler
 from sim.serving.capacity import ReplicaMemory, kv_bytes_per_token_per_gpu, replica_memory
-from sim.serving.config import ServingSpec, parse_serving
+from sim.serving.config import ServingSpec, check_model_parallelism, gpus_per_replica, parse_serving
 from sim.serving.engine import (
     AcceptanceSampler, Replica, Router, StageCost, StepCost, StepEvent, admit, arrivals, one_token,
 )
@@ -120,24 +120,24 @@ def build_system(
     capacity_blocks: int | None = None, stage_cost: StageCost | None = None,
 ) -> ServingSystem:
     """Pools of replica shapes with their memory plans and cost models (no SimPy yet)."""
-    roles: list[tuple[str, int, int]]  # (role, tp, count)
+    roles: list[tuple[str, int, int, int]]  # (role, tp, ep, count)
     if spec.scheduler == "disaggregated":
         d = spec.disaggregated
         assert d is not None  # parse_serving fills it for this scheduler
-        roles = [("prefill", d.prefill_tp, d.prefill_replicas), ("decode", d.decode_tp, d.decode_replicas)]
+        roles = [("prefill", d.prefill_tp, 1, d.prefill_replicas), ("decode", d.decode_tp, 1, d.decode_replicas)]
     else:
-        roles = [("replica", spec.tp, spec.replicas)]
-    needed = sum(tp * spec.pp * count for _, tp, count in roles)
+        roles = [("replica", spec.tp, spec.ep, spec.replicas)]
+    needed = sum(tp * ep * spec.pp * count for _, tp, ep, count in roles)
     if cluster.num_gpus < needed:
         raise ConfigError(
             f"[cluster] num_gpus = {cluster.num_gpus} is too small: the serving layout needs {needed} GPUs "
-            f"({', '.join(f'{n} {r} x tp {t} x pp {spec.pp}' for r, t, n in roles)})"
+            f"({', '.join(f'{n} {r} x tp {t} x ep {e} x pp {spec.pp}' for r, t, e, n in roles)})"
         )
     pools: list[Pool] = []
     first = 0
-    for role, tp, count in roles:
+    for role, tp, ep, count in roles:
         shape = ReplicaShape(
-            model=model, cluster=cluster, tp=tp, pp=spec.pp, weight_precision=spec.weight_precision,
+            model=model, cluster=cluster, tp=tp, pp=spec.pp, ep=ep, weight_precision=spec.weight_precision,
             kv_precision=spec.kv_precision, activation_precision=spec.activation_precision, first_rank=first,
         )
         memory = replica_memory(
@@ -151,7 +151,7 @@ def build_system(
             draft=_draft_cost(spec, shape) if role != "prefill" else None, draft_free_overhead=overhead,
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))
-        first += tp * spec.pp * count
+        first += shape.num_gpus * count
     return ServingSystem(
         spec=spec, model=model, cluster=cluster, pools=pools, step_cost_override=step_cost,
         capacity_blocks_override=capacity_blocks, stage_cost_override=stage_cost,
@@ -271,13 +271,14 @@ def simulate_serving(config: Mapping[str, Any], options: RunOptions) -> ServingR
     """The serving run a config describes ([model], [cluster], [serving], [workload], [slo])."""
     spec = parse_serving(section(config, "serving"))
     model = resolve_model(config)
-    workload = parse_workload(section(config, "workload"))
+    check_model_parallelism(spec, model)
+    workload = parse_workload(section(config, "workload"), base_dir=options.config_dir)
     slo = parse_slo(section(config, "slo", required=False))
     if spec.scheduler == "disaggregated":
         d = spec.disaggregated
         gpus = (d.prefill_replicas * d.prefill_tp + d.decode_replicas * d.decode_tp) * spec.pp  # type: ignore[union-attr]
     else:
-        gpus = spec.replicas * spec.tp * spec.pp
+        gpus = spec.replicas * gpus_per_replica(spec)
     cluster = resolve_cluster(config, default_num_gpus=gpus)
     seed = workload.seed if workload.seed is not None else options.seed
     rng = np.random.default_rng(seed)

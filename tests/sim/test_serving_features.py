@@ -89,3 +89,22 @@ def test_cli_example_out_trace_and_bad_input(tmp_path: Path, capsys: pytest.Capt
     assert any(e["ph"] == "X" and e["dur"] > 0 for e in trace)
     assert main(["simulate", str(example), "--set", "serving.router=random"]) == 2
     assert "serving.router = 'random'" in capsys.readouterr().err
+
+
+def test_a_relative_trace_path_resolves_next_to_the_config(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import shutil
+    from pathlib import Path
+
+    from sim.cli import main
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "azure_2023_conv_sample.csv"
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    shutil.copy(sample, folder / "trace.csv")
+    (folder / "run.toml").write_text(
+        '[model]\nname = "llama3-8b"\n[cluster]\ngpu = "a100-sxm-80gb"\n[serving]\ntp = 1\n'
+        '[workload]\narrival = "trace"\ntrace = "trace.csv"\nnum_requests = 20\n'
+    )
+    assert main(["simulate", str(folder / "run.toml"), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_requests"] == 20

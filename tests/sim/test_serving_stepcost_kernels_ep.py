@@ -160,3 +160,26 @@ def test_ep_config_is_validated() -> None:
         parse_serving({"ep": 2, "scheduler": "disaggregated"})
     with pytest.raises(ValueError, match="ep = 3 must divide"):
         _cost("mixtral-8x7b", tp=1, ep=3, num_gpus=4)
+
+
+def test_expert_parallel_serving_runs_from_the_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from sim.cli import main
+
+    config = tmp_path / "ep.toml"
+    config.write_text(
+        '[model]\nname = "mixtral-8x7b"\n[cluster]\ngpu = "h100-sxm-80gb"\n'
+        '[serving]\ntp = 2\nep = 4\n[workload]\narrival = "poisson"\nrate_per_s = 2.0\n'
+        "num_requests = 40\nprompt_tokens = 512\noutput_tokens = 32\n"
+    )
+    assert main(["simulate", str(config), "--format", "json"]) == 0
+    with_ep = json.loads(capsys.readouterr().out)
+    assert with_ep["num_gpus"] == 8 and with_ep["pools"][0]["ep"] == 4
+    assert main(["simulate", str(config), "--format", "json", "--set", "serving.ep=1"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    # experts split four ways: each GPU holds a quarter of the routed expert weights
+    assert with_ep["pools"][0]["memory_bytes"]["weights"] < 0.5 * without["pools"][0]["memory_bytes"]["weights"]
+    assert with_ep["completed"] == 40
+    assert main(["simulate", str(config), "--set", 'model.name="llama3-8b"']) == 2
+    assert "needs an MoE model" in capsys.readouterr().err
