@@ -22,6 +22,7 @@ class Comparison:
     published: float
     predicted: float
     citation: str
+    excluded: str = ""  # why the row is reported but kept out of the threshold statistics ("" = counted)
 
     @property
     def error(self) -> float:
@@ -46,7 +47,8 @@ class SuiteReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def rows(self, metric: str) -> list[Comparison]:
-        return [c for c in self.comparisons if c.metric == metric]
+        """The rows of ``metric`` that the thresholds count (excluded rows are only reported)."""
+        return [c for c in self.comparisons if c.metric == metric and not c.excluded]
 
     def mape(self, metric: str) -> float:
         rows = self.rows(metric)
@@ -81,6 +83,7 @@ class Report:
             for c in s.comparisons:
                 lines.append(
                     f"{c.row:<44} {c.metric:<30} {c.published:>12.4g} {c.predicted:>12.4g} {c.error:>+8.1%}"
+                    + (f"  (not counted: {c.excluded})" if c.excluded else "")
                 )
             for t in s.thresholds:
                 lines.append(
@@ -105,6 +108,7 @@ class Report:
                             "predicted": c.predicted,
                             "error": c.error,
                             "citation": c.citation,
+                            "excluded": c.excluded,
                         }
                         for c in s.comparisons
                     ],

@@ -21,7 +21,7 @@ from sim.training.memory import activation_bytes_per_layer, memory_per_stage, sh
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
-from workloads.plan import ParallelPlan, stage_layer_counts
+from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
 from workloads.precision import bytes_per_element
 
 # Enum members looked up once (attribute access on an Enum class is slow in a search loop)
@@ -541,18 +541,22 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
     return chunk_context, setup_context
 
 
-# ParallelPlan fields a stage's gradient buckets, gathers and optimizer step do not depend on beyond
-# its chunk signature (pp only through whether the tied LM head is a second copy: pp > 1, in the key).
-_NOT_STAGE_FIELDS = ("pp", "schedule", "layers_per_stage")
-_STAGE_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_STAGE_FIELDS)
+# Fields the data-parallel part of a stage (gradient buckets, ZeRO-3 gathers, optimizer step) does
+# not depend on beyond its parameter count and links, which its key carries; every other field,
+# including any added later, is in the key.
+_NOT_DP_PLAN_FIELDS = (
+    "tp", "pp", "cp", "ep", "sequence_parallel", "schedule", "recompute", "layers_per_stage", "tp_comm_overlap", "cp_comm",
+)
+_DP_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_DP_PLAN_FIELDS)
+_DP_JOB_FIELDS = tuple(f.name for f in fields(TrainingJob) if f.name not in ("seq_len", "global_batch", "micro_batch"))
 
 
-def _stage_context(setup: TrainingSetup, chunk_context: int, cache: PricingCache) -> int:
-    """Interned id of everything a stage class's work depends on besides its links and signature."""
-    plan = setup.plan
+def _dp_context(setup: TrainingSetup, cache: PricingCache) -> int:
+    """Interned id of everything a stage's data-parallel work depends on besides parameters and links."""
+    plan, job = setup.plan, setup.job
     return cache.intern((
-        "stage", chunk_context, cache.cluster_id(setup.cluster), setup.dp_comm_overlap, plan.pp > 1,
-        tuple(getattr(plan, f) for f in _STAGE_PLAN_FIELDS),
+        "dp", cache.cluster_id(setup.cluster), setup.dp_comm_overlap,
+        tuple(getattr(job, f) for f in _DP_JOB_FIELDS), tuple(getattr(plan, f) for f in _DP_PLAN_FIELDS),
     ))
 
 
@@ -625,14 +629,10 @@ def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
     )
 
 
-def _stage_class_work(
-    setup: TrainingSetup,
-    layout: StageLayout,
-    index: int,
-    chunk_context: int,
-    cache: PricingCache,
-) -> StageClassWork:
-    """Price one stage class: chunks, gradient buckets, parameter gathers, optimizer step."""
+def _chunks_of_class(
+    setup: TrainingSetup, layout: StageLayout, index: int, chunk_context: int, cache: PricingCache
+) -> tuple[tuple[ChunkWork, ...], tuple[tuple[float, float], ...]]:
+    """(chunks, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
     signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
     # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
     layer_cache: dict[bool, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
@@ -644,21 +644,47 @@ def _stage_class_work(
         )
         for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature)
     ]
+    return tuple(c.work for c in costs), tuple((c.flops, c.recompute_flops) for c in costs)
+
+
+def _data_parallel_work(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache
+) -> tuple[tuple[CommWork, ...], tuple[CommWork, ...], float]:
+    """(gradient buckets left to overlap the backward, parameter gathers, optimizer seconds incl.
+    the buckets when they do not overlap) of a stage holding ``params`` parameters per rank."""
+    grad_sync = _grad_sync(setup, params, links, cache)
+    optimizer_s = _optimizer_time_s(setup, params, links, cache) + (
+        0.0 if setup.dp_comm_overlap else sum(map(_DURATION, grad_sync))
+    )
+    return grad_sync if setup.dp_comm_overlap else (), _param_gather(setup, params, links, cache), optimizer_s
+
+
+def _stage_class_work(
+    setup: TrainingSetup,
+    layout: StageLayout,
+    index: int,
+    chunk_context: int,
+    dp_context: int,
+    cache: PricingCache,
+) -> StageClassWork:
+    """Price one stage class: chunks, gradient buckets, parameter gathers, optimizer step."""
+    signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
+    chunks, chunk_flops = cache.memo(
+        "stage_chunks",
+        (chunk_context, links_key, signature),
+        lambda: _chunks_of_class(setup, layout, index, chunk_context, cache),
+    )
     params = cache.memo(
         "parameters",
         (cache.model_id(setup.model), setup.plan.tp, setup.plan.ep, setup.plan.pp > 1, signature),
         lambda: _signature_parameters(setup, signature),
     )
-    grad_sync = _grad_sync(setup, params, links, cache)
-    optimizer_s = _optimizer_time_s(setup, params, links, cache) + (
-        0.0 if setup.dp_comm_overlap else sum(map(_DURATION, grad_sync))
+    grad_sync, param_gather, optimizer_s = cache.memo(
+        "data_parallel", (dp_context, links_key, params), lambda: _data_parallel_work(setup, params, links, cache)
     )
-    chunks = tuple(c.work for c in costs)
-    grad_sync = grad_sync if setup.dp_comm_overlap else ()
-    param_gather = _param_gather(setup, params, links, cache)
     return StageClassWork(
         chunks=chunks,
-        chunk_flops=tuple((c.flops, c.recompute_flops) for c in costs),
+        chunk_flops=chunk_flops,
         grad_sync=grad_sync,
         param_gather=param_gather,
         optimizer_s=optimizer_s,
@@ -688,13 +714,14 @@ def build_iteration_classes(setup: TrainingSetup, cache: PricingCache | None = N
     cache = cache if cache is not None else PricingCache()
     plan = setup.plan
     chunk_context, _ = pricing_keys(setup, cache)
-    stage_context = _stage_context(setup, chunk_context, cache)
+    dp_context = _dp_context(setup, cache)
     layout = stage_layout(setup, cache)
+    tied_copy = plan.pp > 1
     classes = tuple(
         cache.memo(
             "stage",
-            (stage_context, layout.links_keys[index], layout.signatures[index]),
-            lambda: _stage_class_work(setup, layout, index, chunk_context, cache),
+            (chunk_context, dp_context, tied_copy, layout.links_keys[index], layout.signatures[index]),
+            lambda: _stage_class_work(setup, layout, index, chunk_context, dp_context, cache),
         )
         for index in range(len(layout.signatures))
     )
