@@ -212,8 +212,11 @@ def saturated(records: Sequence[RequestRecord], offered_rate_per_s: float | None
         below 98 % of the offered rate (the realized arrival rate (n - 1) / T when not given), and
     (b) the mean queueing delay (first_scheduled - arrival; for a request never scheduled, the time
         from its arrival to the last event seen, a lower bound) of the last third of arrivals exceeds
-        that of the first third by more than 2 % of T.
-    A stable queue fails (b) whatever its load, an overloaded one satisfies both. Offline streams
+        that of the first third by more than 2 % of T, or the requests in the system (arrived, not
+        finished) grow over the second half of the window by more than three Poisson standard
+        deviations of its arrivals (3 sqrt(n)). An iteration-level scheduler admits requests at once,
+        so its overload shows as a growing batch rather than a growing waiting queue.
+    A stable system fails (b) whatever its load, an overloaded one satisfies both. Offline streams
     (T = 0) and fewer than 6 requests are never saturated: a finite batch always drains.
     """
     served = sorted((r for r in records if not r.rejected), key=lambda r: r.arrival_s)
@@ -235,7 +238,11 @@ def saturated(records: Sequence[RequestRecord], offered_rate_per_s: float | None
     waits = [(r.first_scheduled_s if r.first_scheduled_s is not None else horizon_s) - r.arrival_s for r in served]
     third = len(waits) // 3
     rise_s = float(np.mean(waits[-third:]) - np.mean(waits[:third]))
-    return rise_s > _WAIT_RISE_FRACTION_OF_SPAN * span_s
+    if rise_s > _WAIT_RISE_FRACTION_OF_SPAN * span_s:
+        return True
+    arrived_second_half = sum(1 for r in served if half_s < r.arrival_s <= last_s)
+    backlog_growth = arrived_second_half - finished
+    return backlog_growth > 3.0 * math.sqrt(arrived_second_half)
 
 
 _FRAME_COLUMNS = (
