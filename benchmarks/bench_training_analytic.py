@@ -143,7 +143,7 @@ def main() -> int:
     parser.add_argument("--max-configs", type=int, default=0, help="evaluate a seeded random subset of this many candidates (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the subset")
     parser.add_argument("--from-config", action="store_true", help="time parse_training per candidate (config-dict path)")
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of the warm pass")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the distinct pass")
     args = parser.parse_args()
     space = candidates()
     if args.max_configs and args.max_configs < len(space):
@@ -155,26 +155,24 @@ def main() -> int:
     print(f"{len(space)} candidates; path: {path}; one process, CPU time")
     results = {}
     for label in ("cold", "warm"):
-        if label == "warm" and args.profile:
-            profiler = cProfile.Profile()
-            profiler.enable()
-            results[label] = run_pass(evaluate, space)
-            profiler.disable()
-        else:
-            results[label] = run_pass(evaluate, space)
+        results[label] = run_pass(evaluate, space)
         evaluated, invalid, valid_s, total_s = results[label]
         rate = evaluated / valid_s if valid_s > 0 else float("inf")
         print(f"{label}: {evaluated} evaluated in {valid_s:.2f} s -> {rate:,.0f} configurations/s "
               f"({1e6 / rate:.0f} us each); {invalid} invalid skipped; whole pass {total_s:.2f} s CPU "
               f"({evaluated / total_s:,.0f} evaluated/s counting rejections)")
-    if args.profile:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     # The warm pass revisits identical candidates, so it mostly measures the whole-result memo. A
     # search evaluates each candidate once; what it reuses are the shapes shared between candidates.
     # "distinct": a fresh cache warmed on the even-numbered candidates, timed on the odd-numbered ones.
     fresh = (make_config_evaluator if args.from_config else make_spec_evaluator)(PricingCache())
     run_pass(fresh, space[0::2])
+    profiler = cProfile.Profile()
+    if args.profile:
+        profiler.enable()
     results["distinct"] = run_pass(fresh, space[1::2])
+    if args.profile:
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
     evaluated, invalid, valid_s, total_s = results["distinct"]
     distinct_rate = evaluated / valid_s if valid_s > 0 else float("inf")
     print(f"distinct (shapes warm, every candidate new): {evaluated} evaluated in {valid_s:.2f} s -> "

@@ -35,45 +35,59 @@ class PipelineEstimate:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StageTimes:
-    """The per-stage terms of the closed form: one micro-batch's F, B, W over the stage's chunks and
-    its data-parallel and optimizer work (equal for every stage of a class)."""
+class ChunkTimes:
+    """One micro-batch's F, B, W over a stage's chunks (equal on every stage of a class)."""
 
+    chunks: tuple[ChunkWork, ...]  # for the exposed communication of the critical stage
     forward_s: float
     backward_input_s: float
     backward_weight_s: float
     total_s: float  # F + B + W
     backward_s: float  # B + W
+    send_bytes: float  # the last chunk's message to the next stage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataParallelTimes:
+    """A stage's data-parallel and optimizer work as the closed form reads it."""
+
+    grad_sync: tuple[CommWork, ...]  # buckets overlapping the backward
+    param_gather: tuple[CommWork, ...]  # ZeRO-3 parameter all-gathers
+    optimizer_s: float
     grad_sync_s: float  # all gradient buckets
     last_bucket_s: float
-    has_grad_sync: bool
-    gathers_s: tuple[float, ...]  # ZeRO-3 parameter all-gathers
-    optimizer_s: float
-    send_bytes: float  # the last chunk's message to the next stage
-    chunks: tuple[ChunkWork, ...]  # for the exposed communication of the critical stage
+    gathers_s: tuple[float, ...]
 
 
-def stage_times(
-    chunks: tuple[ChunkWork, ...], grad_sync: tuple[CommWork, ...], param_gather: tuple[CommWork, ...], optimizer_s: float
-) -> StageTimes:
-    """``StageTimes`` of a stage (or stage class) with this work."""
+def chunk_times(chunks: tuple[ChunkWork, ...]) -> ChunkTimes:
     forward = sum(c.forward_s for c in chunks)
     backward_input = sum(c.backward_input_s for c in chunks)
     backward_weight = sum(c.backward_weight_s for c in chunks)
-    return StageTimes(
+    return ChunkTimes(
+        chunks=chunks,
         forward_s=forward,
         backward_input_s=backward_input,
         backward_weight_s=backward_weight,
         total_s=forward + backward_input + backward_weight,
         backward_s=backward_input + backward_weight,
+        send_bytes=chunks[-1].send_bytes,
+    )
+
+
+def data_parallel_times(
+    grad_sync: tuple[CommWork, ...], param_gather: tuple[CommWork, ...], optimizer_s: float
+) -> DataParallelTimes:
+    return DataParallelTimes(
+        grad_sync=grad_sync,
+        param_gather=param_gather,
+        optimizer_s=optimizer_s,
         grad_sync_s=sum(map(_DURATION, grad_sync)),  # C loop, same order as a generator sum
         last_bucket_s=grad_sync[-1].duration_s if grad_sync else 0.0,
-        has_grad_sync=bool(grad_sync),
-        gathers_s=tuple(g.duration_s for g in param_gather),
-        optimizer_s=optimizer_s,
-        send_bytes=chunks[-1].send_bytes,
-        chunks=chunks,
+        gathers_s=tuple(map(_DURATION, param_gather)),
     )
+
+
+StageTimes = tuple[ChunkTimes, DataParallelTimes]  # what the closed form reads of one stage (class)
 
 
 def p2p_time_s(work: PipelineWork, boundary: int, message_bytes: float) -> float:
@@ -88,7 +102,9 @@ def _p2p_s(bandwidth_Bps: float, latency_s: float, message_bytes: float) -> floa
 
 def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     """Iteration time, bubble and exposed communication in closed form."""
-    times = [stage_times(s.chunks, s.grad_sync, s.param_gather, s.optimizer_s) for s in work.stages]
+    times = [
+        (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s)) for s in work.stages
+    ]
     return analytic_iteration_classes(
         times,
         range(work.pp),
@@ -113,56 +129,59 @@ def analytic_iteration_classes(
     """``analytic_iteration`` of the pipeline whose stage s has the times ``classes[stage_class[s]]``;
     entry i of the p2p tuples is the link from stage i to stage (i + 1) % pp."""
     m, p, v = num_microbatches, len(stage_class), virtual_stages
-    totals = [classes[k].total_s for k in stage_class]
-    slowest = max(totals)
+    chunk_of = [c[0] for c in classes]
+    class_totals = [c.total_s for c in chunk_of]
+    totals = [class_totals[k] for k in stage_class]
+    slowest = max(class_totals[k] for k in set(stage_class))
     # fill and drain cross each of the p - 1 boundaries once forward (activations) and once backward
     p2p = 0.0
     if p > 1:
+        infinite = float("inf")
         for boundary in range(p - 1):
-            message = classes[stage_class[boundary]].send_bytes
-            p2p += 2.0 * _p2p_s(p2p_bandwidth_Bps[boundary], p2p_latency_s[boundary], message)
+            bandwidth = p2p_bandwidth_Bps[boundary]
+            seconds = 0.0 if bandwidth == infinite else chunk_of[stage_class[boundary]].send_bytes / bandwidth + p2p_latency_s[boundary]
+            p2p += 2.0 * seconds
     if schedule in ("gpipe", "1f1b"):
         pipeline = (m - 1) * slowest + sum(totals) + p2p
     elif schedule == "interleaved":
         pipeline = m * slowest + (p - 1) * slowest / v + p2p * v
     elif schedule == "zb-h1":
-        used = [classes[k] for k in set(stage_class)]
+        used = [chunk_of[k] for k in set(stage_class)]
         f = max(t.forward_s for t in used)
         b = max(t.backward_input_s for t in used)
         w = max(t.backward_weight_s for t in used)
         pipeline = m * slowest + (p - 1) * max(f + b - w, 0.0) + p2p
     else:
         raise ValueError(f"unknown schedule '{schedule}'")
-    busy = tuple(m * t for t in totals)
+    busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
 
     # data-parallel time exposed after each class's last backward (the last micro-batch's backward
-    # hides the gradient buckets; ZeRO-3 gathers hide behind the stage's compute)
-    exposed_dp_of: dict[int, float] = {}
-    for k in stage_class:
-        if k in exposed_dp_of:
-            continue
-        t = classes[k]
-        exposed_dp = max(t.last_bucket_s, t.grad_sync_s - t.backward_s) if t.has_grad_sync else 0.0
-        if t.gathers_s:
-            gather_total = 2.0 * m * sum(t.gathers_s)
-            exposed_dp += t.gathers_s[0] + max(0.0, gather_total - m * t.total_s)
-        exposed_dp_of[k] = exposed_dp
+    # hides the gradient buckets; ZeRO-3 gathers hide behind the stage's compute), and its finish
+    # offset after the stage's last backward
+    exposed_dp_of = []
+    after_of = []
+    for chunk, dp in classes:
+        exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
+        if dp.gathers_s:
+            gather_total = 2.0 * m * sum(dp.gathers_s)
+            exposed_dp += dp.gathers_s[0] + max(0.0, gather_total - m * chunk.total_s)
+        exposed_dp_of.append(exposed_dp)
+        after_of.append(dp.optimizer_s)
+    backward_of = [c.backward_s for c in chunk_of]
     # Each stage finishes its last backward once the later stages have drained theirs.
     iteration = 0.0
     exposed_dp_critical = 0.0
     drain_after = 0.0  # backward of the earlier stages, summed in stage order
     for k in stage_class:
-        end = pipeline - drain_after
-        t = classes[k]
-        drain_after += t.backward_s
-        finish = end + exposed_dp_of[k] + t.optimizer_s
+        finish = pipeline - drain_after + exposed_dp_of[k] + after_of[k]
+        drain_after += backward_of[k]
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, exposed_dp_of[k]
-    critical = max(range(p), key=totals.__getitem__)
+    critical = totals.index(max(totals))
     exposed: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    for chunk in classes[stage_class[critical]].chunks:
-        for axis, seconds in chunk.exposed_comm_s.items():
+    for chunk_work in chunk_of[stage_class[critical]].chunks:
+        for axis, seconds in chunk_work.exposed_comm_s.items():
             exposed[axis] = exposed.get(axis, 0.0) + seconds * m
     exposed["pp"] = p2p
     exposed["dp"] = exposed_dp_critical

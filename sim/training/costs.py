@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from operator import attrgetter
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import Tier
 from hardware.transfer import transfer_time_s
 from sim import costmodel
 from sim.training.config import TrainingSetup
-from sim.training.analytic import StageTimes, stage_times
+from sim.training.analytic import ChunkTimes, DataParallelTimes, chunk_times, data_parallel_times
 from sim.training.memory import activation_bytes_per_layer, memory_per_stage, shard_degrees, stage_memory_classes
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, CommWork, PipelineWork, StageWork
@@ -560,18 +560,14 @@ def _dp_context(setup: TrainingSetup, cache: PricingCache) -> int:
     ))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageClassWork:
+class StageClassWork(NamedTuple):
     """The work of every pipeline stage with the same chunk signature and process-group links:
     everything of a ``StageWork`` but its index and static memory (which ``build_iteration`` adds
-    per stage), plus the per-micro-batch FLOPs and the closed form's per-stage terms."""
+    per stage), in the form the closed form reads, plus the per-micro-batch FLOPs."""
 
-    chunks: tuple[ChunkWork, ...]
+    chunk: ChunkTimes  # the chunks and their F, B, W sums
+    data_parallel: DataParallelTimes  # gradient buckets, parameter gathers, optimizer step
     chunk_flops: tuple[tuple[float, float], ...]  # per chunk: (hardware FLOPs, recompute FLOPs) per micro-batch
-    grad_sync: tuple[CommWork, ...]
-    param_gather: tuple[CommWork, ...]
-    optimizer_s: float
-    times: StageTimes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -631,8 +627,8 @@ def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
 
 def _chunks_of_class(
     setup: TrainingSetup, layout: StageLayout, index: int, chunk_context: int, cache: PricingCache
-) -> tuple[tuple[ChunkWork, ...], tuple[tuple[float, float], ...]]:
-    """(chunks, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
+) -> tuple[ChunkTimes, tuple[tuple[float, float], ...]]:
+    """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
     signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
     # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
     layer_cache: dict[bool, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
@@ -644,19 +640,21 @@ def _chunks_of_class(
         )
         for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature)
     ]
-    return tuple(c.work for c in costs), tuple((c.flops, c.recompute_flops) for c in costs)
+    return chunk_times(tuple(c.work for c in costs)), tuple((c.flops, c.recompute_flops) for c in costs)
 
 
 def _data_parallel_work(
     setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache
-) -> tuple[tuple[CommWork, ...], tuple[CommWork, ...], float]:
-    """(gradient buckets left to overlap the backward, parameter gathers, optimizer seconds incl.
+) -> DataParallelTimes:
+    """Gradient buckets left to overlap the backward, parameter gathers and optimizer seconds (incl.
     the buckets when they do not overlap) of a stage holding ``params`` parameters per rank."""
     grad_sync = _grad_sync(setup, params, links, cache)
     optimizer_s = _optimizer_time_s(setup, params, links, cache) + (
         0.0 if setup.dp_comm_overlap else sum(map(_DURATION, grad_sync))
     )
-    return grad_sync if setup.dp_comm_overlap else (), _param_gather(setup, params, links, cache), optimizer_s
+    return data_parallel_times(
+        grad_sync if setup.dp_comm_overlap else (), _param_gather(setup, params, links, cache), optimizer_s
+    )
 
 
 def _stage_class_work(
@@ -667,9 +665,10 @@ def _stage_class_work(
     dp_context: int,
     cache: PricingCache,
 ) -> StageClassWork:
-    """Price one stage class: chunks, gradient buckets, parameter gathers, optimizer step."""
+    """Stage class ``index``: its chunks (memoized per chunk context, links and signature) and its
+    data-parallel work (memoized per data-parallel context, links and parameter count)."""
     signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
-    chunks, chunk_flops = cache.memo(
+    chunk, chunk_flops = cache.memo(
         "stage_chunks",
         (chunk_context, links_key, signature),
         lambda: _chunks_of_class(setup, layout, index, chunk_context, cache),
@@ -679,17 +678,10 @@ def _stage_class_work(
         (cache.model_id(setup.model), setup.plan.tp, setup.plan.ep, setup.plan.pp > 1, signature),
         lambda: _signature_parameters(setup, signature),
     )
-    grad_sync, param_gather, optimizer_s = cache.memo(
+    data_parallel = cache.memo(
         "data_parallel", (dp_context, links_key, params), lambda: _data_parallel_work(setup, params, links, cache)
     )
-    return StageClassWork(
-        chunks=chunks,
-        chunk_flops=chunk_flops,
-        grad_sync=grad_sync,
-        param_gather=param_gather,
-        optimizer_s=optimizer_s,
-        times=stage_times(chunks, grad_sync, param_gather, optimizer_s),
-    )
+    return StageClassWork(chunk, data_parallel, chunk_flops)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -716,14 +708,8 @@ def build_iteration_classes(setup: TrainingSetup, cache: PricingCache | None = N
     chunk_context, _ = pricing_keys(setup, cache)
     dp_context = _dp_context(setup, cache)
     layout = stage_layout(setup, cache)
-    tied_copy = plan.pp > 1
     classes = tuple(
-        cache.memo(
-            "stage",
-            (chunk_context, dp_context, tied_copy, layout.links_keys[index], layout.signatures[index]),
-            lambda: _stage_class_work(setup, layout, index, chunk_context, dp_context, cache),
-        )
-        for index in range(len(layout.signatures))
+        _stage_class_work(setup, layout, index, chunk_context, dp_context, cache) for index in range(len(layout.signatures))
     )
     # per-micro-batch FLOPs summed stage by stage, chunk by chunk (the order of the per-stage sum)
     flops = recompute_flops = 0.0
@@ -774,10 +760,10 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
         stages.append(
             StageWork(
                 stage=stage,
-                chunks=work.chunks,
-                grad_sync=work.grad_sync,
-                param_gather=work.param_gather,
-                optimizer_s=work.optimizer_s,
+                chunks=work.chunk.chunks,
+                grad_sync=work.data_parallel.grad_sync,
+                param_gather=work.data_parallel.param_gather,
+                optimizer_s=work.data_parallel.optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )
         )

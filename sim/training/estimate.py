@@ -16,7 +16,13 @@ from typing import Any
 from sim.training.analytic import analytic_iteration_classes
 from sim.training.config import TrainingSetup
 from sim.training.costs import IterationClasses, build_iteration_classes, pricing_keys
-from sim.training.memory import MemoryBreakdown, peak_memory_stages, stage_memory_class
+from sim.training.memory import (
+    MemoryBreakdown,
+    StageMemoryClass,
+    peak_memory_stages,
+    stage_memory_class,
+    stage_memory_terms,
+)
 from sim.training.pricing_cache import PricingCache
 from sim.training.run import TrainingResult
 from workloads.plan import ParallelPlan
@@ -25,6 +31,10 @@ from workloads.plan import ParallelPlan
 # key; pp matters only through pp > 1 (tied LM head) and the world size through > 1 (NCCL buffers).
 _NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage")
 _MEMORY_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_MEMORY_FIELDS)
+# ... and its ``stage_memory_terms`` not on sharding, ZeRO, offload or the schedule either (gpipe
+# enters through the live logits count, in the key)
+_NOT_TERMS_FIELDS = _NOT_MEMORY_FIELDS + ("dp", "zero", "hsdp", "offload", "schedule")
+_TERMS_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_TERMS_FIELDS)
 
 
 def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCache) -> tuple[MemoryBreakdown, ...]:
@@ -36,18 +46,27 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
         "memory", cache.model_id(model), job, flash, plan.pp > 1, plan.world_size > 1,
         tuple(getattr(plan, f) for f in _MEMORY_PLAN_FIELDS),
     ))
+    terms_context = cache.intern((
+        "memory_terms", cache.model_id(model), job, flash, plan.pp > 1,
+        priced.num_microbatches if plan.schedule == "gpipe" else 1, tuple(getattr(plan, f) for f in _TERMS_PLAN_FIELDS),
+    ))
     layout = priced.layout
-    kinds = tuple(
-        cache.memo(
-            "memory_class",
-            (context, kind),
-            lambda: stage_memory_class(
-                model, plan, job, dense_layers=kind[0], moe_layers=kind[1], first=kind[2], last=kind[3],
-                flash_attention=flash,
+
+    def memory_class(kind: tuple[int, int, bool, bool]) -> StageMemoryClass:
+        dense, moe, first, last = kind
+        terms = cache.memo(
+            "memory_terms",
+            (terms_context, kind),
+            lambda: stage_memory_terms(
+                model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last, flash_attention=flash
             ),
         )
-        for kind in layout.memory_kinds
-    )
+        return stage_memory_class(
+            model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last, flash_attention=flash,
+            terms=terms,
+        )
+
+    kinds = tuple(cache.memo("memory_class", (context, kind), lambda: memory_class(kind)) for kind in layout.memory_kinds)
     return peak_memory_stages(
         kinds, layout.memory_class, plan, priced.num_microbatches, capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes
     )
@@ -56,7 +75,7 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
 def _evaluate(setup: TrainingSetup, cache: PricingCache) -> dict[str, Any]:
     priced = build_iteration_classes(setup, cache)
     estimate = analytic_iteration_classes(
-        [c.times for c in priced.classes],
+        [(c.chunk, c.data_parallel) for c in priced.classes],
         priced.layout.stage_class,
         schedule=priced.schedule,
         num_microbatches=priced.num_microbatches,

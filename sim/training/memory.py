@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hardware.units import MB, MiB, GB
 from workloads.model import ModelSpec
@@ -304,7 +305,21 @@ class StageMemoryClass:
         )
 
 
-def stage_memory_class(
+class StageMemoryTerms(NamedTuple):
+    """The ZeRO-, offload- and data-parallel-independent terms of a stage memory class."""
+
+    dense: float  # parameters per rank replicated over the data-parallel group before ZeRO
+    expert: float  # expert parameters per rank (sharded over dp x cp / ep)
+    matmul: float  # matmul weights per rank (fp8 caches)
+    largest_layer: float  # parameters of the largest layer (gathered in full under ZeRO-3 / offload)
+    stored_bytes_per_microbatch: float
+    first_stage_tokens: float
+    first_stage_bytes_per_token: float
+    recompute_working_bytes: float
+    logits_bytes: float
+
+
+def stage_memory_terms(
     model: ModelSpec,
     plan: ParallelPlan,
     job: TrainingJob,
@@ -315,10 +330,9 @@ def stage_memory_class(
     last: bool,
     flash_attention: bool = True,
     dropout: bool = True,
-    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-) -> StageMemoryClass:
-    """The stage-index-free part of ``stage_memory`` for a stage holding ``dense_layers`` dense and
-    ``moe_layers`` MoE layers, the embedding when ``first`` and the LM head when ``last``."""
+) -> StageMemoryTerms:
+    """Parameters, stored activations per micro-batch and working sets of a stage class, before
+    data-parallel sharding, ZeRO and offload (see ``stage_memory_class``)."""
     t = plan.tp
 
     # parameters on this rank: its layers, the input embedding on the first stage, the LM head on the
@@ -338,6 +352,70 @@ def stage_memory_class(
         if not model.tied_embeddings or plan.pp > 1:
             dense += table
             largest_layer = max(largest_layer, table)
+
+    # activations: stored per layer x micro-batches in flight (Korthikanti 2022 Eq. 5-6, Narayanan
+    # 2021); the in-flight count is applied per stage by StageMemoryClass.breakdown
+    per_kind = {
+        moe: _layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
+        for moe, count in ((False, dense_layers), (True, moe_layers))
+        if count
+    }
+
+    def stored(parts: tuple[float, float, float]) -> float:
+        full, core, layer_input = parts
+        return layer_input if plan.recompute == "full" else full - core if plan.recompute == "selective" else full
+
+    stored_per_microbatch = sum((moe_layers if moe else dense_layers) * stored(parts) for moe, parts in per_kind.items())
+    tokens = job.seq_len / plan.cp * job.micro_batch
+    sp = t if plan.sequence_parallel else 1
+    first_bytes_per_token = 0.0
+    if first:
+        # Megatron theoretical_memory_usage.py: token ids (8 s b) and the embedding dropout mask (s b h)
+        mask = DROPOUT_MASK_BYTES if dropout else 0.0
+        first_bytes_per_token = TOKEN_ID_BYTES + mask * model.hidden / sp
+
+    # recompute working set: the part of one layer re-materialised during its backward
+    recompute_working = 0.0
+    if per_kind and plan.recompute != "none":
+        parts = per_kind[moe_layers > 0]
+        recompute_working = parts[1] if plan.recompute == "selective" else parts[0] - parts[2]
+
+    # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
+    # held for every micro-batch under gpipe, for one under the 1F1B family
+    logits = 0.0
+    if last:
+        live = job.num_microbatches(plan.dp) if plan.schedule == "gpipe" else 1
+        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
+    return StageMemoryTerms(
+        dense, expert, matmul, largest_layer, stored_per_microbatch, tokens if first else 0.0, first_bytes_per_token,
+        recompute_working, logits,
+    )
+
+
+def stage_memory_class(
+    model: ModelSpec,
+    plan: ParallelPlan,
+    job: TrainingJob,
+    *,
+    dense_layers: int,
+    moe_layers: int,
+    first: bool,
+    last: bool,
+    flash_attention: bool = True,
+    dropout: bool = True,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    terms: StageMemoryTerms | None = None,
+) -> StageMemoryClass:
+    """The stage-index-free part of ``stage_memory`` for a stage holding ``dense_layers`` dense and
+    ``moe_layers`` MoE layers, the embedding when ``first`` and the LM head when ``last``.
+    ``terms``: this stage's ``stage_memory_terms`` when the caller has them (a search memoizes them)."""
+    if terms is None:
+        terms = stage_memory_terms(
+            model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=first, last=last,
+            flash_attention=flash_attention, dropout=dropout,
+        )
+    dense, expert, matmul, largest_layer = terms.dense, terms.expert, terms.matmul, terms.largest_layer
+    job.num_microbatches(plan.dp)  # raises InvalidPlanError when global_batch does not divide
 
     # model-state bytes per rank before sharding
     weight_bytes = WEIGHT_BYTES * (dense + expert) + (FP8_WEIGHT_CACHE_BYTES * matmul if job.precision == "fp8" else 0.0)
@@ -369,52 +447,17 @@ def stage_memory_class(
         cpu, nvme, weights, gradients, optimizer = gradients, weights + optimizer, 0.0, 0.0, 0.0
         working_buffer = gathered_layer
 
-    # activations: stored per layer x micro-batches in flight (Korthikanti 2022 Eq. 5-6, Narayanan
-    # 2021); the in-flight count is applied per stage by StageMemoryClass.breakdown
-    m = job.num_microbatches(plan.dp)
-    per_kind = {
-        moe: _layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
-        for moe, count in ((False, dense_layers), (True, moe_layers))
-        if count
-    }
-
-    def stored(parts: tuple[float, float, float]) -> float:
-        full, core, layer_input = parts
-        return layer_input if plan.recompute == "full" else full - core if plan.recompute == "selective" else full
-
-    stored_per_microbatch = sum((moe_layers if moe else dense_layers) * stored(parts) for moe, parts in per_kind.items())
-    tokens = job.seq_len / plan.cp * job.micro_batch
-    sp = t if plan.sequence_parallel else 1
-    first_bytes_per_token = 0.0
-    if first:
-        # Megatron theoretical_memory_usage.py: token ids (8 s b) and the embedding dropout mask (s b h)
-        mask = DROPOUT_MASK_BYTES if dropout else 0.0
-        first_bytes_per_token = TOKEN_ID_BYTES + mask * model.hidden / sp
-
-    # recompute working set: the part of one layer re-materialised during its backward
-    recompute_working = 0.0
-    if per_kind and plan.recompute != "none":
-        parts = per_kind[moe_layers > 0]
-        recompute_working = parts[1] if plan.recompute == "selective" else parts[0] - parts[2]
-
-    # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
-    # held for every micro-batch under gpipe, for one under the 1F1B family
-    logits = 0.0
-    if last:
-        live = m if plan.schedule == "gpipe" else 1
-        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
-
     reserves = CUBLAS_WORKSPACE_BYTES + RUNTIME_RESERVE_BYTES + (NCCL_BUFFER_BYTES if plan.world_size > 1 else 0.0)
     return StageMemoryClass(
         weights_bytes=weights,
         gradients_bytes=gradients,
         optimizer_bytes=optimizer,
-        other_bytes=reserves + logits + recompute_working + working_buffer,
+        other_bytes=reserves + terms.logits_bytes + terms.recompute_working_bytes + working_buffer,
         cpu_offload_bytes=cpu,
         nvme_offload_bytes=nvme,
-        stored_bytes_per_microbatch=stored_per_microbatch,
-        first_stage_tokens=tokens if first else 0.0,
-        first_stage_bytes_per_token=first_bytes_per_token,
+        stored_bytes_per_microbatch=terms.stored_bytes_per_microbatch,
+        first_stage_tokens=terms.first_stage_tokens,
+        first_stage_bytes_per_token=terms.first_stage_bytes_per_token,
     )
 
 
