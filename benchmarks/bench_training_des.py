@@ -80,7 +80,7 @@ def synthetic_work() -> PipelineWork:
 
 def cost_builder_work() -> PipelineWork:
     from sim.training.config import parse_training
-    from sim.training.costs import build_iteration
+    from sim.training.iteration import build_iteration
 
     return build_iteration(parse_training(CONFIG)).pipeline
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from sim.training.analytic import analytic_iteration_classes
 from sim.training.config import TrainingSetup
-from sim.training.costs import IterationClasses, build_iteration_classes, pricing_keys
+from sim.training.iteration import IterationClasses, build_iteration_classes, pricing_keys
 from sim.training.memory import (
     MemoryBreakdown,
     StageMemoryClass,

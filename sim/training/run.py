@@ -15,7 +15,8 @@ from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.training.analytic import PipelineEstimate, analytic_iteration
 from sim.training.config import TrainingSetup, parse_training
-from sim.training.costs import IterationWork, build_iteration, group_links, layer_passes
+from sim.training.costs import group_links, layer_passes
+from sim.training.iteration import IterationWork, build_iteration
 from sim.training.memory import MemoryBreakdown, memory_per_stage
 from workloads.graph import op_graph
 

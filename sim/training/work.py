@@ -1,6 +1,6 @@
 """The contract between the training cost builder and the pipeline executors.
 
-``sim.training.costs`` turns (model, plan, job, cluster) into a ``PipelineWork``: how long each
+``sim.training.iteration`` turns (model, plan, job, cluster) into a ``PipelineWork``: how long each
 micro-batch's forward (F), input-gradient backward (B) and weight-gradient backward (W) take on
 every model chunk, what crosses each stage boundary, and the per-stage data-parallel and optimizer
 work. The SimPy executor (``sim.training.pipeline_des``) and the analytic estimator both consume it,

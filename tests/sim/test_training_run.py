@@ -12,7 +12,7 @@ from sim.cli import main
 from sim.config import load_config, with_overrides
 from sim.runner import RunOptions
 from sim.training.config import parse_training
-from sim.training.costs import build_iteration
+from sim.training.iteration import build_iteration
 from sim.training.run import model_flops_per_iteration, simulate_training
 from workloads.errors import InvalidPlanError
 

@@ -133,10 +133,10 @@ def test_cache_keys_cover_every_setup_field() -> None:
     import dataclasses
     import inspect
 
-    from sim.training import costs
+    from sim.training import iteration
     from sim.training.config import TrainingSetup
 
-    source = inspect.getsource(costs.pricing_keys)
+    source = inspect.getsource(iteration.pricing_keys)
     missing = [f.name for f in dataclasses.fields(TrainingSetup) if f"setup.{f.name}" not in source]
     assert missing == []
 

@@ -9,7 +9,8 @@ import pytest
 
 from sim.training.analytic import analytic_iteration, analytic_iteration_classes
 from sim.training.config import parse_training
-from sim.training.costs import build_iteration, build_iteration_classes, stage_layout, stage_signatures
+from sim.training.data_parallel import stage_signatures
+from sim.training.iteration import build_iteration, build_iteration_classes, stage_layout
 from sim.training.estimate import estimate_training, peak_memory
 from sim.training.memory import memory_per_stage, stage_memory
 from sim.training.pricing_cache import PricingCache

@@ -1,0 +1,208 @@
+"""Data-parallel work of a pipeline stage: its parameters per rank, the gradient buckets it reduces,
+the ZeRO-3 / FSDP parameter gathers and the optimizer step (with CPU and NVMe offload)."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from hardware.collectives import Collective, GroupLinks, collective_time_s
+from hardware.specs import Tier
+from hardware.transfer import transfer_time_s
+from sim import costmodel
+from sim.training.config import TrainingSetup
+from sim.training.pricing_cache import PricingCache
+from sim.training.work import CommWork
+from workloads.graph import Op
+from workloads.plan import stage_layer_counts
+
+# Enum members looked up once (attribute access on an Enum class is slow in a search loop)
+_ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
+_COLLECTIVE_NAMES = {kind: kind.value for kind in Collective}
+
+# Megatron-LM's DDP gradient bucket: max(40M, 1M x dp) parameters (megatron/core/distributed,
+# `bucket_size = max(40000000, 1000000 * dp_size)`).
+BUCKET_PARAMETERS = 40_000_000
+
+# HBM bytes touched per parameter of the local optimizer shard by one mixed-precision step, after
+# Megatron-LM's optimizer (megatron/core/optimizer): fused Adam reads the fp32 gradient, master
+# weight, m and v (16) and writes master, m and v (12); copying master weights into the 16-bit
+# model weights reads 4 and writes 2; the gradient-norm for clipping reads every fp32 gradient (4);
+# zeroing the gradient buffer for the next iteration writes it (4). With fp16 the loss-scale step
+# also unscales the gradients and checks them for inf/NaN (read and write, 8).
+ADAM_BYTES_PER_PARAMETER = 16.0 + 12.0
+SGD_BYTES_PER_PARAMETER = 8.0 + 4.0  # read gradient and master weight, write master weight
+MASTER_TO_MODEL_BYTES_PER_PARAMETER = 4.0 + 2.0
+GRAD_NORM_BYTES_PER_PARAMETER = 4.0
+ZERO_GRAD_BYTES_PER_PARAMETER = 4.0
+FP16_UNSCALE_BYTES_PER_PARAMETER = 8.0
+
+
+def optimizer_bytes_per_parameter(optimizer: str, precision: str) -> float:
+    """HBM traffic of one optimizer step per parameter of the rank's shard (see the constants)."""
+    update = ADAM_BYTES_PER_PARAMETER if optimizer == "adam" else SGD_BYTES_PER_PARAMETER
+    extra = MASTER_TO_MODEL_BYTES_PER_PARAMETER + GRAD_NORM_BYTES_PER_PARAMETER + ZERO_GRAD_BYTES_PER_PARAMETER
+    if precision == "fp16":
+        extra += FP16_UNSCALE_BYTES_PER_PARAMETER
+    return update + extra
+
+
+ChunkSignature = tuple[int, int, bool, bool]  # (dense layers, layers, holds embedding, holds LM head)
+
+
+def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], ...]:
+    """Every stage's chunks as signatures, in model order. A chunk's price and parameters depend on its
+    layers only through how many are dense and how many MoE (dense layers come first) and on whether
+    it holds the embedding / LM head."""
+    model, plan = setup.model, setup.plan
+    counts = stage_layer_counts(model.layers, plan)
+    dense_layers = model.dense_layers if model.is_moe else model.layers
+    last_chunk = len(counts) - 1
+    signatures: list[list[ChunkSignature]] = [[] for _ in range(plan.pp)]
+    start = 0
+    for chunk, count in enumerate(counts):
+        dense = min(max(dense_layers - start, 0), count)
+        signatures[chunk % plan.pp].append((dense, count, chunk == 0, chunk == last_chunk))
+        start += count
+    return tuple(tuple(stage) for stage in signatures)
+
+
+def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
+    """``stage_parameters_per_rank`` of the stage whose chunks are ``signature`` (layer by layer in
+    model order, so the float sum is the one of every stage with this signature)."""
+    model, plan = setup.model, setup.plan
+    per_layer: dict[bool, float] = {}  # parameters per rank of a dense / MoE layer, computed once
+    params = 0.0
+    for dense, count, _, _ in signature:
+        for index in range(count):
+            moe = model.is_moe and index >= dense
+            if moe not in per_layer:
+                if moe:
+                    experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
+                    moe_dense = model.layer_parameters(moe=True) - experts
+                    per_layer[moe] = moe_dense / plan.tp + experts / (plan.tp * plan.ep)
+                else:
+                    per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
+            params += per_layer[moe]
+    table = model.vocab * model.hidden / plan.tp
+    if any(first for _, _, first, _ in signature):
+        params += table
+    if any(last for _, _, _, last in signature) and (not model.tied_embeddings or plan.pp > 1):
+        params += table
+    return params
+
+
+def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
+    """Parameters one rank of ``stage`` holds before any ZeRO sharding: its layers (all its virtual
+    chunks) divided by tp (experts also by ep), plus the embedding on stage 0 and the LM head on the
+    last stage (a tied head is a second copy there when pp > 1, as Megatron keeps it)."""
+    return signature_parameters(setup, stage_signatures(setup)[stage])
+
+
+def grad_sync_work(
+    setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> tuple[CommWork, ...]:
+    """Data-parallel gradient buckets of one stage (empty when dp == 1).
+
+    ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
+    all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
+    inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
+    fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
+    fp16 for fp16 training. All full buckets have one size, so they are priced once.
+    """
+    return grad_sync_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
+
+
+def grad_sync_for_parameters(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+) -> tuple[CommWork, ...]:
+    plan = setup.plan
+    cache = cache if cache is not None else PricingCache()
+    collective = cache.collective_s
+    group = links["dp"]
+    if group.size <= 1:
+        return ()
+    grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
+    kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
+    shard = links["dp_shard"].size if plan.hsdp else group.size
+
+    def seconds(message: float) -> float:
+        if not plan.hsdp:
+            return collective(kind, message, group)
+        return collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
+            _ALL_REDUCE, message / shard, links["dp_replicate"]
+        )
+
+    # Full buckets, then the remainder. Subtracting the integer bucket from a float parameter count
+    # below 2**53 is exact, so one subtraction of k buckets equals k successive ones.
+    full = 0
+    remaining = params
+    if remaining < 2.0**53:
+        full = max(int(remaining // bucket), 0)
+        remaining -= full * bucket
+    while remaining >= bucket:
+        full += 1
+        remaining -= bucket
+    message = bucket * grad_bytes
+    kind_name = _COLLECTIVE_NAMES[kind]
+    buckets = (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),) * full
+    if remaining > 0:
+        message = remaining * grad_bytes
+        buckets += (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),)
+    return buckets
+
+
+def param_gather_work(
+    setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> tuple[CommWork, ...]:
+    """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
+    return param_gather_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
+
+
+def param_gather_for_parameters(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+) -> tuple[CommWork, ...]:
+    plan = setup.plan
+    group = links["dp_shard"] if plan.hsdp else links["dp"]
+    if plan.zero != 3 or group.size <= 1:
+        return ()
+    per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
+    seconds = (cache.collective_s if cache is not None else collective_time_s)(Collective.ALL_GATHER, per_chunk, group)
+    gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
+    return (gather,) * plan.virtual_stages
+
+
+def optimizer_time_s(
+    setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+) -> float:
+    """The optimizer step of one rank, with the traffic it implies.
+
+    On the GPU it is memory-bound over the rank's optimizer shard (ZeRO >= 1 shards it dp ways).
+    ZeRO 1/2 then all-gather the updated 16-bit parameters (hidden under the next forward when
+    dp_comm_overlap, as Megatron's --overlap-param-gather). Offloaded optimizers run CPU Adam over
+    host DRAM bandwidth and move gradients down and parameters up over PCIe (ZeRO-Offload); NVMe
+    offload also reads and writes the optimizer states from NVMe (ZeRO-Infinity).
+    """
+    return optimizer_time_for_parameters_s(setup, stage_parameters_per_rank(setup, stage), links, cache)
+
+
+def optimizer_time_for_parameters_s(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+) -> float:
+    plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
+    sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
+    shard = params / sharded_over if plan.zero >= 1 else params
+    per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision)
+    if plan.offload == "none":
+        seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
+    else:
+        dram_share_Bps = node.cpu_dram_bandwidth_Bps / node.gpus_per_node
+        seconds = shard * per_param / dram_share_Bps
+        seconds += transfer_time_s(shard * 2.0, Tier.CPU, Tier.HBM, node, gpu)  # updated 16-bit parameters up
+        if plan.offload == "nvme":
+            state_bytes = shard * 12.0  # fp32 master, m and v: read from and written back to NVMe
+            seconds += transfer_time_s(state_bytes, Tier.NVME, Tier.CPU, node, gpu) + transfer_time_s(state_bytes, Tier.CPU, Tier.NVME, node, gpu)
+    if plan.zero in (1, 2) and links["dp"].size > 1 and not setup.dp_comm_overlap:
+        collective = cache.collective_s if cache is not None else collective_time_s
+        seconds += collective(Collective.ALL_GATHER, params * 2.0, links["dp"])
+    return seconds

@@ -1,0 +1,317 @@
+"""A whole iteration's priced work: stages grouped into classes of identical chunks and links,
+each priced once, then expanded to the ``PipelineWork`` the DES runs or summed in closed form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, Mapping, NamedTuple
+
+from hardware.collectives import GroupLinks
+
+from sim.training.analytic import ChunkTimes, DataParallelTimes, chunk_times, data_parallel_times
+from sim.training.config import TrainingSetup
+from sim.training.costs import GROUP_AXES, LayerCost, chunk_cost, group_links, rank_of
+from sim.training.data_parallel import (
+    ChunkSignature,
+    grad_sync_for_parameters,
+    optimizer_time_for_parameters_s,
+    param_gather_for_parameters,
+    signature_parameters,
+    stage_signatures,
+)
+from sim.training.memory import memory_per_stage, stage_memory_classes
+from sim.training.pricing_cache import PricingCache
+from sim.training.work import PipelineWork, StageWork
+from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+
+_DURATION = attrgetter("duration_s")
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationWork:
+    """The priced pipeline plus the FLOP counts the metrics need."""
+
+    pipeline: PipelineWork
+    hardware_flops_per_replica: float  # everything executed by one pipeline replica's stage ranks x tp x cp
+    recompute_flops_per_replica: float
+
+
+def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Bandwidth and latency between stage i and stage (i + 1) % pp (first ranks of each stage)."""
+    pp = setup.plan.pp
+    cluster = setup.cluster
+    cluster_id = cache.cluster_id(cluster) if cache is not None else None
+    bandwidth, latency = [], []
+    for stage in range(pp):
+        src, dst = rank_of(setup, pp=stage), rank_of(setup, pp=(stage + 1) % pp)
+        if src == dst:
+            bandwidth.append(float("inf"))
+            latency.append(0.0)
+        else:
+            if cache is None:
+                bw, lat = cluster.p2p_links(src, dst)
+            else:
+                bw, lat = cache.memo("p2p", (cluster_id, src, dst), lambda: cluster.p2p_links(src, dst))
+            bandwidth.append(bw)
+            latency.append(lat)
+    return tuple(bandwidth), tuple(latency)
+
+
+# ParallelPlan fields a chunk's price does not depend on (they shape stages, links and the
+# optimizer, which other keys carry); every other field, including any added later, is in the key.
+_NOT_CHUNK_FIELDS = ("pp", "dp", "zero", "hsdp", "schedule", "virtual_stages", "layers_per_stage", "offload")
+_CHUNK_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_CHUNK_FIELDS)
+
+
+def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
+    """(chunk context, whole setup) as interned ids: the first names everything a chunk's price
+    depends on besides its links and layers, the second everything a ``build_iteration`` result does."""
+    plan = setup.plan
+    chunk_context = cache.intern((
+        "chunk", cache.gpu_id(setup.cluster.gpu), cache.model_id(setup.model), setup.job, setup.attention_kernel,
+        setup.expert_load_imbalance, setup.overlap_slowdown, tuple(getattr(plan, f) for f in _CHUNK_PLAN_FIELDS),
+    ))
+    setup_context = cache.intern(("setup", chunk_context, cache.cluster_id(setup.cluster), plan, setup.dp_comm_overlap))
+    return chunk_context, setup_context
+
+
+# Fields the data-parallel part of a stage (gradient buckets, ZeRO-3 gathers, optimizer step) does
+# not depend on beyond its parameter count and links, which its key carries; every other field,
+# including any added later, is in the key.
+_NOT_DP_PLAN_FIELDS = (
+    "tp", "pp", "cp", "ep", "sequence_parallel", "schedule", "recompute", "layers_per_stage", "tp_comm_overlap", "cp_comm",
+)
+_DP_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_DP_PLAN_FIELDS)
+_DP_JOB_FIELDS = tuple(f.name for f in fields(TrainingJob) if f.name not in ("seq_len", "global_batch", "micro_batch"))
+
+
+def _dp_context(setup: TrainingSetup, cache: PricingCache) -> int:
+    """Interned id of everything a stage's data-parallel work depends on besides parameters and links."""
+    plan, job = setup.plan, setup.job
+    return cache.intern((
+        "dp", cache.cluster_id(setup.cluster), setup.dp_comm_overlap,
+        tuple(getattr(job, f) for f in _DP_JOB_FIELDS), tuple(getattr(plan, f) for f in _DP_PLAN_FIELDS),
+    ))
+
+
+class StageClassWork(NamedTuple):
+    """The work of every pipeline stage with the same chunk signature and process-group links:
+    everything of a ``StageWork`` but its index and static memory (which ``build_iteration`` adds
+    per stage), in the form the closed form reads, plus the per-micro-batch FLOPs."""
+
+    chunk: ChunkTimes  # the chunks and their F, B, W sums
+    data_parallel: DataParallelTimes  # gradient buckets, parameter gathers, optimizer step
+    chunk_flops: tuple[tuple[float, float], ...]  # per chunk: (hardware FLOPs, recompute FLOPs) per micro-batch
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageLayout:
+    """How a plan's stages fall into classes: equal chunk signatures and equal links."""
+
+    signatures: tuple[tuple[ChunkSignature, ...], ...]  # per class
+    links: tuple[dict[str, GroupLinks], ...]  # per class
+    links_keys: tuple[tuple[int, ...], ...]  # per class: interned links per GROUP_AXES axis
+    chunk_ranges: tuple[tuple[tuple[range, bool, bool], ...], ...]  # per class: its first stage's chunks
+    stage_class: tuple[int, ...]  # class index of every stage
+    memory_kinds: tuple[tuple[int, int, bool, bool], ...]  # memory.stage_memory_classes(model, plan)
+    memory_class: tuple[int, ...]
+
+
+def stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
+    """The plan's stage classes, memoized on the few inputs they depend on."""
+    model, plan = setup.model, setup.plan
+    key = (
+        cache.cluster_id(setup.cluster), model.layers, model.dense_layers if model.is_moe else model.layers,
+        plan.pp, plan.virtual_stages, plan.layers_per_stage, plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
+    )
+    return cache.memo("layout", key, lambda: _stage_layout(setup, cache))
+
+
+def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
+    plan = setup.plan
+    counts = stage_layer_counts(setup.model.layers, plan)
+    starts = [sum(counts[:c]) for c in range(len(counts))]
+    num_chunks = len(counts)
+    classes: dict[tuple[Any, ...], int] = {}
+    signatures, links_list, links_keys, chunk_ranges, stage_class = [], [], [], [], []
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage, cache)
+        links_key = tuple(cache.links_id(links[axis]) for axis in GROUP_AXES)
+        index = classes.setdefault((signature, links_key), len(classes))
+        if index == len(signatures):
+            signatures.append(signature)
+            links_list.append(links)
+            links_keys.append(links_key)
+            chunk_ranges.append(tuple(
+                (range(starts[chunk], starts[chunk] + counts[chunk]), chunk == 0, chunk == num_chunks - 1)
+                for chunk in range(stage, num_chunks, plan.pp)
+            ))
+        stage_class.append(index)
+    memory_kinds, memory_class = stage_memory_classes(setup.model, plan)
+    return StageLayout(
+        signatures=tuple(signatures),
+        links=tuple(links_list),
+        links_keys=tuple(links_keys),
+        chunk_ranges=tuple(chunk_ranges),
+        stage_class=tuple(stage_class),
+        memory_kinds=memory_kinds,
+        memory_class=memory_class,
+    )
+
+
+def _chunks_of_class(
+    setup: TrainingSetup, layout: StageLayout, index: int, chunk_context: int, cache: PricingCache
+) -> tuple[ChunkTimes, tuple[tuple[float, float], ...]]:
+    """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
+    signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
+    # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
+    layer_cache: dict[bool, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
+    costs = [
+        cache.memo(
+            "chunk",
+            (chunk_context, links_key, chunk_signature),
+            lambda: chunk_cost(setup, layers=layers, first=first, last=last, links=links, layer_cache=layer_cache, cache=cache),
+        )
+        for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature)
+    ]
+    return chunk_times(tuple(c.work for c in costs)), tuple((c.flops, c.recompute_flops) for c in costs)
+
+
+def _data_parallel_work(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache
+) -> DataParallelTimes:
+    """Gradient buckets left to overlap the backward, parameter gathers and optimizer seconds (incl.
+    the buckets when they do not overlap) of a stage holding ``params`` parameters per rank."""
+    grad_sync = grad_sync_for_parameters(setup, params, links, cache)
+    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + (
+        0.0 if setup.dp_comm_overlap else sum(map(_DURATION, grad_sync))
+    )
+    return data_parallel_times(
+        grad_sync if setup.dp_comm_overlap else (), param_gather_for_parameters(setup, params, links, cache), optimizer_s
+    )
+
+
+def _stage_class_work(
+    setup: TrainingSetup,
+    layout: StageLayout,
+    index: int,
+    chunk_context: int,
+    dp_context: int,
+    cache: PricingCache,
+) -> StageClassWork:
+    """Stage class ``index``: its chunks (memoized per chunk context, links and signature) and its
+    data-parallel work (memoized per data-parallel context, links and parameter count)."""
+    signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
+    chunk, chunk_flops = cache.memo(
+        "stage_chunks",
+        (chunk_context, links_key, signature),
+        lambda: _chunks_of_class(setup, layout, index, chunk_context, cache),
+    )
+    params = cache.memo(
+        "parameters",
+        (cache.model_id(setup.model), setup.plan.tp, setup.plan.ep, setup.plan.pp > 1, signature),
+        lambda: signature_parameters(setup, signature),
+    )
+    data_parallel = cache.memo(
+        "data_parallel", (dp_context, links_key, params), lambda: _data_parallel_work(setup, params, links, cache)
+    )
+    return StageClassWork(chunk, data_parallel, chunk_flops)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IterationClasses:
+    """``build_iteration``'s result with every distinct stage priced once: ``classes[stage_class[s]]``
+    is stage s's work. The analytic fidelity reads this directly; the DES expands it to stages."""
+
+    layout: StageLayout
+    classes: tuple[StageClassWork, ...]
+    schedule: str
+    num_microbatches: int
+    virtual_stages: int
+    p2p_bandwidth_Bps: tuple[float, ...]
+    p2p_latency_s: tuple[float, ...]
+    overlap_slowdown: float
+    hardware_flops_per_replica: float
+    recompute_flops_per_replica: float
+
+
+def build_iteration_classes(setup: TrainingSetup, cache: PricingCache | None = None) -> IterationClasses:
+    """Price each stage class's chunks, gradient buckets and optimizer step once (see ``build_iteration``)."""
+    cache = cache if cache is not None else PricingCache()
+    plan = setup.plan
+    chunk_context, _ = pricing_keys(setup, cache)
+    dp_context = _dp_context(setup, cache)
+    layout = stage_layout(setup, cache)
+    classes = tuple(
+        _stage_class_work(setup, layout, index, chunk_context, dp_context, cache) for index in range(len(layout.signatures))
+    )
+    # per-micro-batch FLOPs summed stage by stage, chunk by chunk (the order of the per-stage sum)
+    flops = recompute_flops = 0.0
+    for index in layout.stage_class:
+        for chunk_flop, chunk_recompute_flop in classes[index].chunk_flops:
+            flops += chunk_flop
+            recompute_flops += chunk_recompute_flop
+    bandwidth, latency = cache.memo(
+        "p2p_links", (cache.cluster_id(setup.cluster), plan.tp * plan.cp * plan.dp, plan.pp),
+        lambda: p2p_links(setup, cache),
+    )
+    m = setup.num_microbatches
+    ranks_per_stage = plan.tp * plan.cp
+    return IterationClasses(
+        layout=layout,
+        classes=classes,
+        schedule=plan.schedule,
+        num_microbatches=m,
+        virtual_stages=plan.virtual_stages,
+        p2p_bandwidth_Bps=bandwidth,
+        p2p_latency_s=latency,
+        overlap_slowdown=setup.overlap_slowdown,
+        hardware_flops_per_replica=flops * m * ranks_per_stage,
+        recompute_flops_per_replica=recompute_flops * m * ranks_per_stage,
+    )
+
+
+def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> IterationWork:
+    """Price every stage's chunks, gradient buckets and optimizer step.
+
+    ``cache`` (a search passes one for all its evaluations) memoizes exact intermediate results;
+    without it a fresh one still prices each stage class (same chunks, links) once.
+    """
+    cache = cache if cache is not None else PricingCache()
+    plan, model = setup.plan, setup.model
+    priced = build_iteration_classes(setup, cache)
+    _, setup_context = pricing_keys(setup, cache)
+    capacity = setup.cluster.gpu.hbm_capacity_bytes
+    flash = setup.attention_kernel == "flash"
+    memory = cache.memo(
+        "memory",
+        (setup_context, capacity, flash),
+        lambda: memory_per_stage(model, plan, setup.job, capacity_bytes=capacity, flash_attention=flash),
+    )
+    stages = []
+    for stage, index in enumerate(priced.layout.stage_class):
+        work, breakdown = priced.classes[index], memory[stage]
+        stages.append(
+            StageWork(
+                stage=stage,
+                chunks=work.chunk.chunks,
+                grad_sync=work.data_parallel.grad_sync,
+                param_gather=work.data_parallel.param_gather,
+                optimizer_s=work.data_parallel.optimizer_s,
+                static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
+            )
+        )
+    pipeline = PipelineWork(
+        schedule=priced.schedule,
+        num_microbatches=priced.num_microbatches,
+        virtual_stages=priced.virtual_stages,
+        stages=tuple(stages),
+        p2p_bandwidth_Bps=priced.p2p_bandwidth_Bps,
+        p2p_latency_s=priced.p2p_latency_s,
+        overlap_slowdown=priced.overlap_slowdown,
+    )
+    return IterationWork(
+        pipeline=pipeline,
+        hardware_flops_per_replica=priced.hardware_flops_per_replica,
+        recompute_flops_per_replica=priced.recompute_flops_per_replica,
+    )
