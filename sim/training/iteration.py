@@ -61,6 +61,7 @@ def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[
 # optimizer, which other keys carry); every other field, including any added later, is in the key.
 _NOT_CHUNK_FIELDS = ("pp", "dp", "zero", "hsdp", "schedule", "virtual_stages", "layers_per_stage", "offload")
 _CHUNK_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_CHUNK_FIELDS)
+_chunk_plan_values = attrgetter(*_CHUNK_PLAN_FIELDS)  # plan -> tuple of those fields' values
 
 
 def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
@@ -69,7 +70,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
     plan = setup.plan
     chunk_context = cache.intern((
         "chunk", cache.gpu_id(setup.cluster.gpu), cache.model_id(setup.model), setup.job, setup.attention_kernel,
-        setup.expert_load_imbalance, setup.overlap_slowdown, tuple(getattr(plan, f) for f in _CHUNK_PLAN_FIELDS),
+        setup.expert_load_imbalance, setup.overlap_slowdown, _chunk_plan_values(plan),
     ))
     setup_context = cache.intern(("setup", chunk_context, cache.cluster_id(setup.cluster), plan, setup.dp_comm_overlap))
     return chunk_context, setup_context
@@ -83,6 +84,8 @@ _NOT_DP_PLAN_FIELDS = (
 )
 _DP_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_DP_PLAN_FIELDS)
 _DP_JOB_FIELDS = tuple(f.name for f in fields(TrainingJob) if f.name not in ("seq_len", "global_batch", "micro_batch"))
+_dp_plan_values = attrgetter(*_DP_PLAN_FIELDS)
+_dp_job_values = attrgetter(*_DP_JOB_FIELDS)
 
 
 def _dp_context(setup: TrainingSetup, cache: PricingCache) -> int:
@@ -90,7 +93,7 @@ def _dp_context(setup: TrainingSetup, cache: PricingCache) -> int:
     plan, job = setup.plan, setup.job
     return cache.intern((
         "dp", cache.cluster_id(setup.cluster), setup.dp_comm_overlap,
-        tuple(getattr(job, f) for f in _DP_JOB_FIELDS), tuple(getattr(plan, f) for f in _DP_PLAN_FIELDS),
+        _dp_job_values(job), _dp_plan_values(plan),
     ))
 
 

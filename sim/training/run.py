@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import networkx as nx
 import pandas as pd
@@ -21,6 +22,7 @@ from sim.training.memory import MemoryBreakdown, memory_per_stage
 from workloads.graph import op_graph
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
+_TOTAL_BYTES = attrgetter("total_bytes")
 
 
 def model_flops_per_iteration(setup: TrainingSetup) -> float:
@@ -29,6 +31,55 @@ def model_flops_per_iteration(setup: TrainingSetup) -> float:
     for GPT; GQA, SwiGLU and MoE top-k through ``ModelSpec.forward_flops_per_token``."""
     job = setup.job
     return 3.0 * setup.model.forward_flops_per_token(job.seq_len) * job.global_batch * job.seq_len
+
+
+def training_metrics(
+    setup: TrainingSetup,
+    estimate: PipelineEstimate,
+    memory: Sequence[MemoryBreakdown],
+    *,
+    recompute_flops_per_replica: float,
+    fidelity: str,
+    model_flops: float | None = None,
+) -> dict[str, Any]:
+    """The ``--format json`` training metrics (``TrainingResult.metrics``). ``memory``: every stage's
+    breakdown, or any subset holding the first stage to reach the largest total and the largest
+    shortfall (``memory.peak_memory_stages``). ``model_flops``: ``model_flops_per_iteration(setup)``
+    when the caller has it (a search memoizes it)."""
+    job, plan = setup.job, setup.plan
+    gpus = setup.cluster.num_gpus
+    seconds = estimate.iteration_time_s
+    tokens = job.global_batch * job.seq_len
+    if model_flops is None:
+        model_flops = model_flops_per_iteration(setup)
+    recompute_flops = recompute_flops_per_replica * plan.dp
+    peak = setup.cluster.gpu.peak(job.precision)
+    worst = max(memory, key=_TOTAL_BYTES)
+    exposed = estimate.exposed_comm_s
+    return {
+        "iteration_time_s": seconds,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_s_per_gpu": tokens / seconds / gpus,
+        "model_flops_per_s_per_gpu": model_flops / seconds / gpus,
+        "mfu": model_flops / (seconds * gpus * peak),
+        "hfu": (model_flops + recompute_flops) / (seconds * gpus * peak),
+        "bubble_fraction": estimate.bubble_fraction,
+        "exposed_communication_s": {axis: exposed.get(axis, 0.0) for axis in AXES},
+        "peak_memory_bytes": worst.total_bytes,
+        "memory_bytes": {
+            "weights": worst.weights_bytes,
+            "gradients": worst.gradients_bytes,
+            "optimizer": worst.optimizer_bytes,
+            "activations": worst.activations_bytes,
+            "other": worst.other_bytes,
+        },
+        "fits_in_memory": all(b.fits_in_memory for b in memory),
+        "memory_shortfall_bytes": max(b.shortfall_bytes for b in memory),
+        "offloaded_bytes": {"cpu": worst.cpu_offload_bytes, "nvme": worst.nvme_offload_bytes},
+        "num_microbatches": setup.num_microbatches,
+        "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
+        "fidelity": fidelity,
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,39 +94,13 @@ class TrainingResult:
 
     # ---- metrics -----------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
-        setup, estimate = self.setup, self.estimate
-        job, plan = setup.job, setup.plan
-        gpus = setup.cluster.num_gpus
-        seconds = estimate.iteration_time_s
-        tokens = job.global_batch * job.seq_len
-        model_flops = model_flops_per_iteration(setup)
-        recompute_flops = self.work.recompute_flops_per_replica * plan.dp
-        peak = setup.cluster.gpu.peak(job.precision)
-        worst = max(self.memory, key=lambda b: b.total_bytes)
-        return {
-            "iteration_time_s": seconds,
-            "tokens_per_s": tokens / seconds,
-            "tokens_per_s_per_gpu": tokens / seconds / gpus,
-            "model_flops_per_s_per_gpu": model_flops / seconds / gpus,
-            "mfu": model_flops / (seconds * gpus * peak),
-            "hfu": (model_flops + recompute_flops) / (seconds * gpus * peak),
-            "bubble_fraction": estimate.bubble_fraction,
-            "exposed_communication_s": {axis: estimate.exposed_comm_s.get(axis, 0.0) for axis in AXES},
-            "peak_memory_bytes": worst.total_bytes,
-            "memory_bytes": {
-                "weights": worst.weights_bytes,
-                "gradients": worst.gradients_bytes,
-                "optimizer": worst.optimizer_bytes,
-                "activations": worst.activations_bytes,
-                "other": worst.other_bytes,
-            },
-            "fits_in_memory": all(b.fits_in_memory for b in self.memory),
-            "memory_shortfall_bytes": max(b.shortfall_bytes for b in self.memory),
-            "offloaded_bytes": {"cpu": worst.cpu_offload_bytes, "nvme": worst.nvme_offload_bytes},
-            "num_microbatches": setup.num_microbatches,
-            "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
-            "fidelity": self.fidelity,
-        }
+        return training_metrics(
+            self.setup,
+            self.estimate,
+            self.memory,
+            recompute_flops_per_replica=self.work.recompute_flops_per_replica,
+            fidelity=self.fidelity,
+        )
 
     def sweep_metrics(self) -> list[str]:
         return ["iteration_time_s", "mfu", "bubble_fraction", "peak_memory_bytes"]
