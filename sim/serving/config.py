@@ -177,8 +177,27 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     return ServingSpec(**spec)
 
 
+def _check_tensor_parallel(tp: int, model: ModelSpec, where: str) -> None:
+    """vLLM's rule: tp divides the attention heads; KV heads are split when tp divides them and
+    replicated when they divide tp (GQA/MQA with more ranks than KV heads)."""
+    if model.heads % tp:
+        allowed = ", ".join(str(d) for d in range(1, model.heads + 1) if model.heads % d == 0)
+        raise ConfigError(f"{where} = {tp} must divide the {model.heads} attention heads of {model.name}; allowed: {allowed}")
+    if not model.is_mla and model.kv_heads % tp and tp % model.kv_heads:
+        raise ConfigError(
+            f"{where} = {tp} and the {model.kv_heads} KV heads of {model.name}: one must divide the other "
+            "(KV heads are split over tp ranks or replicated across them)"
+        )
+
+
 def check_model_parallelism(spec: ServingSpec, model: ModelSpec) -> None:
-    """What needs the model: ep > 1 only for an MoE model whose routed experts ep divides."""
+    """What needs the model: tensor-parallel degrees that split its heads, and ep > 1 only for an MoE
+    model whose routed experts ep divides."""
+    if spec.scheduler == "disaggregated" and spec.disaggregated is not None:
+        _check_tensor_parallel(spec.disaggregated.prefill_tp, model, "serving.disaggregated.prefill_tp")
+        _check_tensor_parallel(spec.disaggregated.decode_tp, model, "serving.disaggregated.decode_tp")
+    else:
+        _check_tensor_parallel(spec.tp, model, "serving.tp")
     if spec.ep > 1:
         experts = model.experts if model.is_moe else 0
         if experts == 0:

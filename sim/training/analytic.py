@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from sim.training.work import ChunkWork, CommWork, PipelineWork
 
@@ -128,8 +128,43 @@ def analytic_iteration_classes(
 ) -> PipelineEstimate:
     """``analytic_iteration`` of the pipeline whose stage s has the times ``classes[stage_class[s]]``;
     entry i of the p2p tuples is the link from stage i to stage (i + 1) % pp."""
-    m, p, v = num_microbatches, len(stage_class), virtual_stages
     chunk_of = [c[0] for c in classes]
+    phase = pipeline_phase(
+        chunk_of,
+        stage_class,
+        schedule=schedule,
+        num_microbatches=num_microbatches,
+        virtual_stages=virtual_stages,
+        p2p_bandwidth_Bps=p2p_bandwidth_Bps,
+        p2p_latency_s=p2p_latency_s,
+    )
+    return finish_iteration(phase, chunk_of, [c[1] for c in classes], stage_class, num_microbatches=num_microbatches)
+
+
+class PipelinePhase(NamedTuple):
+    """The part of the closed form that the chunks alone determine (no data-parallel work): a search
+    shares it between plans that differ only in ZeRO, sharding or offload."""
+
+    pipeline_time_s: float
+    bubble_fraction: float
+    stage_busy_s: tuple[float, ...]
+    exposed_comm_s: dict[str, float]  # tp, cp, ep (any chunk axis) of the critical stage, and pp; shared,
+    # so never modified (finish_iteration copies it)
+
+
+def pipeline_phase(
+    chunk_of: Sequence[ChunkTimes],
+    stage_class: Sequence[int],
+    *,
+    schedule: str,
+    num_microbatches: int,
+    virtual_stages: int,
+    p2p_bandwidth_Bps: Sequence[float],
+    p2p_latency_s: Sequence[float],
+) -> PipelinePhase:
+    """Pipeline time, bubble, busy time and the exposed tp / cp / ep / pp communication of the
+    pipeline whose stage s runs the chunks ``chunk_of[stage_class[s]]``."""
+    m, p, v = num_microbatches, len(stage_class), virtual_stages
     class_totals = [c.total_s for c in chunk_of]
     totals = [class_totals[k] for k in stage_class]
     slowest = max(class_totals[k] for k in set(stage_class))
@@ -155,13 +190,32 @@ def analytic_iteration_classes(
         raise ValueError(f"unknown schedule '{schedule}'")
     busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
+    critical = totals.index(max(totals))
+    exposed: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
+    for chunk_work in chunk_of[stage_class[critical]].chunks:
+        for axis, seconds in chunk_work.exposed_comm_s.items():
+            exposed[axis] = exposed.get(axis, 0.0) + seconds * m
+    exposed["pp"] = p2p
+    return PipelinePhase(pipeline, bubble, busy, exposed)
 
+
+def finish_iteration(
+    phase: PipelinePhase,
+    chunk_of: Sequence[ChunkTimes],
+    dp_of: Sequence[DataParallelTimes],
+    stage_class: Sequence[int],
+    *,
+    num_microbatches: int,
+) -> PipelineEstimate:
+    """The iteration after ``phase``: every stage finishes its data-parallel work and optimizer step
+    after its last backward; the latest finish is the iteration time."""
+    m, pipeline = num_microbatches, phase.pipeline_time_s
     # data-parallel time exposed after each class's last backward (the last micro-batch's backward
     # hides the gradient buckets; ZeRO-3 gathers hide behind the stage's compute), and its finish
     # offset after the stage's last backward
     exposed_dp_of = []
     after_of = []
-    for chunk, dp in classes:
+    for chunk, dp in zip(chunk_of, dp_of):
         exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         if dp.gathers_s:
             gather_total = 2.0 * m * sum(dp.gathers_s)
@@ -178,17 +232,12 @@ def analytic_iteration_classes(
         drain_after += backward_of[k]
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, exposed_dp_of[k]
-    critical = totals.index(max(totals))
-    exposed: dict[str, float] = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    for chunk_work in chunk_of[stage_class[critical]].chunks:
-        for axis, seconds in chunk_work.exposed_comm_s.items():
-            exposed[axis] = exposed.get(axis, 0.0) + seconds * m
-    exposed["pp"] = p2p
+    exposed = dict(phase.exposed_comm_s)
     exposed["dp"] = exposed_dp_critical
     return PipelineEstimate(
         iteration_time_s=iteration,
         pipeline_time_s=pipeline,
-        bubble_fraction=bubble,
+        bubble_fraction=phase.bubble_fraction,
         exposed_comm_s=exposed,
-        stage_busy_s=busy,
+        stage_busy_s=phase.stage_busy_s,
     )

@@ -64,15 +64,24 @@ _CHUNK_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in
 _chunk_plan_values = attrgetter(*_CHUNK_PLAN_FIELDS)  # plan -> tuple of those fields' values
 
 
+# Keys hold the field values of plans and jobs rather than the objects: tuples of plain values
+# keep no spec alive and are not tracked by the garbage collector, whose full passes over a large
+# cache would otherwise cost a search more than the lookups.
+job_values = attrgetter(*(f.name for f in fields(TrainingJob)))
+plan_values = attrgetter(*(f.name for f in fields(ParallelPlan)))
+
+
 def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
     """(chunk context, whole setup) as interned ids: the first names everything a chunk's price
     depends on besides its links and layers, the second everything a ``build_iteration`` result does."""
     plan = setup.plan
     chunk_context = cache.intern((
-        "chunk", cache.gpu_id(setup.cluster.gpu), cache.model_id(setup.model), setup.job, setup.attention_kernel,
-        setup.expert_load_imbalance, setup.overlap_slowdown, _chunk_plan_values(plan),
+        "chunk", cache.gpu_id(setup.cluster.gpu), cache.model_id(setup.model), job_values(setup.job),
+        setup.attention_kernel, setup.expert_load_imbalance, setup.overlap_slowdown, _chunk_plan_values(plan),
     ))
-    setup_context = cache.intern(("setup", chunk_context, cache.cluster_id(setup.cluster), plan, setup.dp_comm_overlap))
+    setup_context = cache.intern(
+        ("setup", chunk_context, cache.cluster_id(setup.cluster), plan_values(plan), setup.dp_comm_overlap)
+    )
     return chunk_context, setup_context
 
 
@@ -107,10 +116,12 @@ class StageClassWork(NamedTuple):
     chunk_flops: tuple[tuple[float, float], ...]  # per chunk: (hardware FLOPs, recompute FLOPs) per micro-batch
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageLayout:
-    """How a plan's stages fall into classes: equal chunk signatures and equal links."""
+class StageLayout(NamedTuple):
+    """How a plan's stages fall into classes: equal chunk signatures and equal links. (A NamedTuple,
+    as the other per-evaluation records here: built once per candidate, and cheaper to build than a
+    frozen dataclass.)"""
 
+    key: int  # interned id of everything the layout depends on (``stage_layout``)
     signatures: tuple[tuple[ChunkSignature, ...], ...]  # per class
     links: tuple[dict[str, GroupLinks], ...]  # per class
     links_keys: tuple[tuple[int, ...], ...]  # per class: interned links per GROUP_AXES axis
@@ -118,19 +129,22 @@ class StageLayout:
     stage_class: tuple[int, ...]  # class index of every stage
     memory_kinds: tuple[tuple[int, int, bool, bool], ...]  # memory.stage_memory_classes(model, plan)
     memory_class: tuple[int, ...]
+    memory_first_stage: tuple[int, ...]  # per memory kind: its first stage
+    p2p_bandwidth_Bps: tuple[float, ...]  # p2p_links: stage i -> (i + 1) % pp
+    p2p_latency_s: tuple[float, ...]
 
 
 def stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
     """The plan's stage classes, memoized on the few inputs they depend on."""
     model, plan = setup.model, setup.plan
-    key = (
-        cache.cluster_id(setup.cluster), model.layers, model.dense_layers if model.is_moe else model.layers,
+    key = cache.intern((
+        "layout", cache.cluster_id(setup.cluster), model.layers, model.dense_layers if model.is_moe else model.layers,
         plan.pp, plan.virtual_stages, plan.layers_per_stage, plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
-    )
-    return cache.memo("layout", key, lambda: _stage_layout(setup, cache))
+    ))
+    return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 
 
-def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
+def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageLayout:
     plan = setup.plan
     counts = stage_layer_counts(setup.model.layers, plan)
     starts = [sum(counts[:c]) for c in range(len(counts))]
@@ -151,7 +165,9 @@ def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
             ))
         stage_class.append(index)
     memory_kinds, memory_class = stage_memory_classes(setup.model, plan)
+    bandwidth, latency = p2p_links(setup, cache)
     return StageLayout(
+        key=key,
         signatures=tuple(signatures),
         links=tuple(links_list),
         links_keys=tuple(links_keys),
@@ -159,6 +175,9 @@ def _stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
         stage_class=tuple(stage_class),
         memory_kinds=memory_kinds,
         memory_class=memory_class,
+        memory_first_stage=tuple(memory_class.index(k) for k in range(len(memory_kinds))),
+        p2p_bandwidth_Bps=bandwidth,
+        p2p_latency_s=latency,
     )
 
 
@@ -194,35 +213,46 @@ def _data_parallel_work(
     )
 
 
-def _stage_class_work(
-    setup: TrainingSetup,
-    layout: StageLayout,
-    index: int,
-    chunk_context: int,
-    dp_context: int,
-    cache: PricingCache,
-) -> StageClassWork:
-    """Stage class ``index``: its chunks (memoized per chunk context, links and signature) and its
-    data-parallel work (memoized per data-parallel context, links and parameter count)."""
-    signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
-    chunk, chunk_flops = cache.memo(
-        "stage_chunks",
-        (chunk_context, links_key, signature),
-        lambda: _chunks_of_class(setup, layout, index, chunk_context, cache),
+def _class_chunks(
+    setup: TrainingSetup, layout: StageLayout, chunk_context: int, cache: PricingCache
+) -> tuple[tuple[tuple[ChunkTimes, tuple[tuple[float, float], ...]], ...], float, float]:
+    """(per class: chunks with their sums and per-chunk FLOPs; per-micro-batch hardware FLOPs and
+    recompute FLOPs of one replica's stages, summed stage by stage, chunk by chunk)."""
+    per_class = tuple(
+        cache.memo(
+            "stage_chunks",
+            (chunk_context, layout.links_keys[index], layout.signatures[index]),
+            lambda: _chunks_of_class(setup, layout, index, chunk_context, cache),
+        )
+        for index in range(len(layout.signatures))
     )
-    params = cache.memo(
-        "parameters",
-        (cache.model_id(setup.model), setup.plan.tp, setup.plan.ep, setup.plan.pp > 1, signature),
-        lambda: signature_parameters(setup, signature),
-    )
-    data_parallel = cache.memo(
-        "data_parallel", (dp_context, links_key, params), lambda: _data_parallel_work(setup, params, links, cache)
-    )
-    return StageClassWork(chunk, data_parallel, chunk_flops)
+    flops = recompute_flops = 0.0
+    for index in layout.stage_class:
+        for chunk_flop, chunk_recompute_flop in per_class[index][1]:
+            flops += chunk_flop
+            recompute_flops += chunk_recompute_flop
+    return per_class, flops, recompute_flops
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IterationClasses:
+def _class_data_parallel(
+    setup: TrainingSetup, layout: StageLayout, dp_context: int, cache: PricingCache
+) -> tuple[DataParallelTimes, ...]:
+    """Per class: its data-parallel work (memoized per data-parallel context, links and parameter count)."""
+    model_id, plan = cache.model_id(setup.model), setup.plan
+    out = []
+    for signature, links, links_key in zip(layout.signatures, layout.links, layout.links_keys):
+        params = cache.memo(
+            "parameters",
+            (model_id, plan.tp, plan.ep, plan.pp > 1, signature),
+            lambda: signature_parameters(setup, signature),
+        )
+        out.append(cache.memo(
+            "data_parallel", (dp_context, links_key, params), lambda: _data_parallel_work(setup, params, links, cache)
+        ))
+    return tuple(out)
+
+
+class IterationClasses(NamedTuple):
     """``build_iteration``'s result with every distinct stage priced once: ``classes[stage_class[s]]``
     is stage s's work. The analytic fidelity reads this directly; the DES expands it to stages."""
 
@@ -238,36 +268,37 @@ class IterationClasses:
     recompute_flops_per_replica: float
 
 
-def build_iteration_classes(setup: TrainingSetup, cache: PricingCache | None = None) -> IterationClasses:
-    """Price each stage class's chunks, gradient buckets and optimizer step once (see ``build_iteration``)."""
+def build_iteration_classes(
+    setup: TrainingSetup, cache: PricingCache | None = None, *, chunk_context: int | None = None
+) -> IterationClasses:
+    """Price each stage class's chunks, gradient buckets and optimizer step once (see ``build_iteration``).
+    ``chunk_context``: ``pricing_keys(setup, cache)[0]`` when the caller has it."""
     cache = cache if cache is not None else PricingCache()
     plan = setup.plan
-    chunk_context, _ = pricing_keys(setup, cache)
-    dp_context = _dp_context(setup, cache)
+    if chunk_context is None:
+        chunk_context, _ = pricing_keys(setup, cache)
     layout = stage_layout(setup, cache)
-    classes = tuple(
-        _stage_class_work(setup, layout, index, chunk_context, dp_context, cache) for index in range(len(layout.signatures))
+    # chunks of every class and the FLOP sums: one entry per (chunk context, layout); the
+    # data-parallel work of every class: one per (data-parallel context, layout, model)
+    chunks, flops, recompute_flops = cache.memo(
+        "class_chunks", (chunk_context, layout.key), lambda: _class_chunks(setup, layout, chunk_context, cache)
     )
-    # per-micro-batch FLOPs summed stage by stage, chunk by chunk (the order of the per-stage sum)
-    flops = recompute_flops = 0.0
-    for index in layout.stage_class:
-        for chunk_flop, chunk_recompute_flop in classes[index].chunk_flops:
-            flops += chunk_flop
-            recompute_flops += chunk_recompute_flop
-    bandwidth, latency = cache.memo(
-        "p2p_links", (cache.cluster_id(setup.cluster), plan.tp * plan.cp * plan.dp, plan.pp),
-        lambda: p2p_links(setup, cache),
+    dp_context = _dp_context(setup, cache)
+    data_parallel = cache.memo(
+        "class_data_parallel",
+        (dp_context, layout.key, cache.model_id(setup.model)),
+        lambda: _class_data_parallel(setup, layout, dp_context, cache),
     )
     m = setup.num_microbatches
     ranks_per_stage = plan.tp * plan.cp
     return IterationClasses(
         layout=layout,
-        classes=classes,
+        classes=tuple(StageClassWork(c, d, f) for (c, f), d in zip(chunks, data_parallel)),
         schedule=plan.schedule,
         num_microbatches=m,
         virtual_stages=plan.virtual_stages,
-        p2p_bandwidth_Bps=bandwidth,
-        p2p_latency_s=latency,
+        p2p_bandwidth_Bps=layout.p2p_bandwidth_Bps,
+        p2p_latency_s=layout.p2p_latency_s,
         overlap_slowdown=setup.overlap_slowdown,
         hardware_flops_per_replica=flops * m * ranks_per_stage,
         recompute_flops_per_replica=recompute_flops * m * ranks_per_stage,

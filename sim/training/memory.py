@@ -271,11 +271,11 @@ def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
 
 
 # ---- the stage breakdown -------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StageMemoryClass:
+class StageMemoryClass(NamedTuple):
     """Everything of a ``MemoryBreakdown`` that is the same on every stage with the same layers and
     pipeline ends: only the in-flight micro-batches (a function of the stage index) scale the
-    stored activations. ``memory_per_stage`` computes one per distinct (dense, MoE, first, last)."""
+    stored activations. ``memory_per_stage`` computes one per distinct (dense, MoE, first, last).
+    (A NamedTuple of floats: a search keeps many, and the garbage collector stops tracking them.)"""
 
     weights_bytes: float
     gradients_bytes: float
@@ -544,16 +544,19 @@ def peak_memory_stages(
     num_microbatches: int,
     *,
     capacity_bytes: float,
+    first_stages: tuple[int, ...] | None = None,
 ) -> tuple[MemoryBreakdown, ...]:
     """The breakdown of the first stage of every class, in stage order: in-flight micro-batches never
     grow with the stage index (``inflight_microbatches``), so within a class the first stage holds
     the most, and the largest total, the first stage reaching it, whether all fit and the largest
-    shortfall over these equal those over ``memory_per_stage``."""
-    seen: set[int] = set()
-    out = []
-    for stage, k in enumerate(stage_class):
-        if k not in seen:
-            seen.add(k)
-            inflight = inflight_microbatches(plan, num_microbatches, stage)
-            out.append(kinds[k].breakdown(stage=stage, inflight=inflight, capacity_bytes=capacity_bytes))
-    return tuple(out)
+    shortfall over these equal those over ``memory_per_stage``. ``first_stages``: the first stage of
+    each class, when the caller has them (``stage_class.index(k)`` for every class k)."""
+    if first_stages is None:
+        first_stages = tuple(stage_class.index(k) for k in range(len(kinds)))
+    # classes are numbered in order of first appearance, so class order is stage order
+    return tuple(
+        kinds[k].breakdown(
+            stage=stage, inflight=inflight_microbatches(plan, num_microbatches, stage), capacity_bytes=capacity_bytes
+        )
+        for k, stage in enumerate(first_stages)
+    )

@@ -108,3 +108,14 @@ def test_a_relative_trace_path_resolves_next_to_the_config(tmp_path, capsys) -> 
     )
     assert main(["simulate", str(folder / "run.toml"), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_requests"] == 20
+
+
+def test_a_tensor_parallel_degree_that_cannot_split_the_heads_is_one_error_line(capsys) -> None:  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from sim.cli import main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "llama3-70b-h100-serving.toml"
+    assert main(["simulate", str(example), "--set", "serving.tp=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "serving.tp = 3 must divide the 64 attention heads" in err[0]
