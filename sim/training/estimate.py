@@ -2,10 +2,13 @@
 
 Same numbers as ``simulate_training(config, RunOptions(fidelity="analytic")).metrics()``: it runs
 the same pricing (``build_iteration_classes``, which ``build_iteration`` expands to stages), the same
-closed form (``analytic_iteration_classes``, which ``analytic_iteration`` calls per stage), the same
-memory classes and ``TrainingResult.metrics``. What it skips is per-stage repetition: each class of
-identical stages is priced and sized once, and a ``PricingCache`` shared across calls memoizes the
-exact intermediate results (and the whole result of a setup seen before).
+closed form (``pipeline_phase`` then ``finish_iteration``, the two halves of
+``analytic_iteration_classes``, which ``analytic_iteration`` calls per stage), the same memory classes
+and the same metric formulas (``run.training_metrics``, which ``TrainingResult.metrics`` calls). What
+it skips is per-stage repetition: each class of identical stages is priced and sized once, and a
+``PricingCache`` shared across calls memoizes the exact intermediate results (the chunk-only pipeline
+phase is shared by plans differing only in data-parallel work; a setup seen before returns its
+whole result).
 """
 
 from __future__ import annotations
