@@ -178,9 +178,14 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
         raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.heads} attention heads of {where}")
     if not model.is_mla and model.kv_heads % plan.tp:
         raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.kv_heads} kv_heads of {where}")
-    ffn = model.expert_ffn_hidden if model.is_moe and model.dense_layers == 0 else model.ffn_hidden
-    if ffn % plan.tp:
-        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the FFN width {ffn} of {where}")
+    widths = []
+    if not model.is_moe or model.dense_layers:
+        widths.append(("FFN width", model.ffn_hidden))
+    if model.is_moe:
+        widths.append(("expert FFN width", model.expert_ffn_hidden))
+    for label, width in widths:
+        if width % plan.tp:
+            raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of {where}")
     stage_layer_counts(model.layers, plan)
     if plan.ep > 1:
         if not model.is_moe:
