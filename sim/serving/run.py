@@ -16,7 +16,7 @@ from sim.config import resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.serving.batching import OrcaScheduler, StaticScheduler
-from sim.serving.capacity import ReplicaMemory, kv_bytes_per_token_per_gpu, replica_memory
+from sim.serving.capacity import ReplicaMemory, replica_memory
 from sim.serving.config import ServingSpec, check_model_parallelism, gpus_per_replica, parse_serving
 from sim.serving.engine import (
     AcceptanceSampler, Replica, Router, StageCost, StepCost, StepEvent, admit, arrivals, one_token,

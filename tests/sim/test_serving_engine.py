@@ -8,7 +8,6 @@ import pytest
 from sim.config import resolve_cluster
 from sim.runner import RunOptions, simulate
 from sim.serving.config import parse_serving
-from sim.serving.metrics import summarize
 from sim.serving.request import SimRequest, Status
 from sim.serving.result import to_record
 from sim.serving.run import build_system, run
