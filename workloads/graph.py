@@ -247,9 +247,25 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     return ops
 
 
+# Backward of the embedding lookup, bytes per element of the local table: PyTorch's embedding backward
+# (sparse=False, as Megatron's VocabParallelEmbedding uses it) writes a dense gradient of the whole
+# table (zero-fill, then scatter-add the token gradients: 2 x 16 bits), and Megatron's DDP adds it to
+# the fp32 main gradient (read the 16-bit gradient, read and write the fp32 one: 2 + 4 + 4).
+EMBEDDING_BACKWARD_BYTES_PER_TABLE_ELEMENT = 2.0 + 2.0 + 2.0 + 4.0 + 4.0
+
+
 def embedding_ops(model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float) -> list[Op]:
-    """Input embedding lookup (vocab-parallel under tp: a masked lookup plus an all-reduce)."""
-    ops = [Op(name="embedding", kind="memory", bytes_moved=2 * tokens * model.hidden * bytes_per_element)]
+    """Input embedding lookup (vocab-parallel under tp: a masked lookup plus an all-reduce); its
+    backward writes a dense gradient of the rank's vocab shard (see the constant above)."""
+    table = _div(model.vocab, sharding.tp) * model.hidden
+    ops = [
+        Op(
+            name="embedding",
+            kind="memory",
+            bytes_moved=2 * tokens * model.hidden * bytes_per_element,
+            backward_bytes_moved=tokens * model.hidden * bytes_per_element + EMBEDDING_BACKWARD_BYTES_PER_TABLE_ELEMENT * table,
+        )
+    ]
     if sharding.tp > 1:
         collective = "reduce_scatter" if sharding.sequence_parallel else "all_reduce"
         ops.append(

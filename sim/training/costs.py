@@ -161,8 +161,8 @@ def price_pass(
 ) -> PassCost:
     """Compute plus the communication left on the critical path.
 
-    TP collectives block the compute stream unless ``tp_comm_overlap`` (then they hide behind the
-    pass's GEMMs, which run slower by ``overlap_slowdown`` while overlapped); the context-parallel
+    TP collectives block the compute stream unless ``tp_comm_overlap`` (then all but 1/tp of them
+    hides behind the pass's GEMMs, which run slower by ``overlap_slowdown`` while overlapped); the context-parallel
     K/V ring overlaps the attention kernel (the all-gather variant blocks); expert all-to-alls block.
     """
     gpu, precision = setup.cluster.gpu, setup.job.precision
@@ -189,7 +189,11 @@ def price_pass(
     exposed: dict[str, float] = {}
     for axis, seconds in comm.items():
         if axis == "tp" and setup.plan.tp_comm_overlap:
-            hidden = min(seconds, gemm)
+            # comm-GEMM overlap (Transformer Engine's ring exchange) splits each GEMM into tp chunks
+            # and exchanges one chunk while computing another: the first all-gather chunk (and the
+            # last reduce-scatter chunk) has no GEMM to hide behind, so 1/tp of the traffic stays exposed
+            tp = setup.plan.tp
+            hidden = min(seconds * (tp - 1) / tp, gemm)
         elif axis == "cp":
             hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
