@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import gc
 import itertools
 import pstats
@@ -101,7 +100,14 @@ def make_spec_evaluator(cache: PricingCache) -> Callable[[dict[str, Any], dict[s
         job = TrainingJob(seq_len=base_job.seq_len, global_batch=base_job.global_batch, micro_batch=c["micro_batch"],
                           precision=base_job.precision, optimizer=base_job.optimizer)
         validate_plan(setup.model, setup.cluster, job, plan)
-        return estimate_training(dataclasses.replace(setup, plan=plan, job=job), cache)
+        # every field spelled out (as a search builds its setups): cheaper than dataclasses.replace,
+        # which inspects the fields on each call; a new TrainingSetup field fails here loudly
+        candidate = TrainingSetup(
+            model=setup.model, cluster=setup.cluster, job=job, plan=plan, attention_kernel=setup.attention_kernel,
+            dp_comm_overlap=setup.dp_comm_overlap, expert_load_imbalance=setup.expert_load_imbalance,
+            overlap_slowdown=setup.overlap_slowdown,
+        )
+        return estimate_training(candidate, cache)
 
     return evaluate
 

@@ -128,4 +128,4 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     if num_layers < chunks:
         raise InvalidPlanError(f"model has {num_layers} layers, fewer than pp x virtual_stages = {chunks} chunks")
     base, extra = divmod(num_layers, chunks)
-    return tuple(base + (1 if c < extra else 0) for c in range(chunks))
+    return (base + 1,) * extra + (base,) * (chunks - extra)  # the first ``extra`` chunks get one more

@@ -148,6 +148,8 @@ class PipelinePhase(NamedTuple):
     pipeline_time_s: float
     bubble_fraction: float
     stage_busy_s: tuple[float, ...]
+    last_backward_end_s: tuple[float, ...]  # per stage: when its last backward ends, once the later
+    # stages have drained theirs (pipeline time - the backward of the earlier stages, summed in stage order)
     exposed_comm_s: dict[str, float]  # tp, cp, ep (any chunk axis) of the critical stage, and pp; shared,
     # so never modified (finish_iteration copies it)
 
@@ -196,7 +198,13 @@ def pipeline_phase(
         for axis, seconds in chunk_work.exposed_comm_s.items():
             exposed[axis] = exposed.get(axis, 0.0) + seconds * m
     exposed["pp"] = p2p
-    return PipelinePhase(pipeline, bubble, busy, exposed)
+    # Each stage finishes its last backward once the later stages have drained theirs.
+    last_backward_end = []
+    drain_after = 0.0  # backward of the earlier stages, summed in stage order
+    for k in stage_class:
+        last_backward_end.append(pipeline - drain_after)
+        drain_after += chunk_of[k].backward_s
+    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed)
 
 
 def finish_iteration(
@@ -222,14 +230,10 @@ def finish_iteration(
             exposed_dp += dp.gathers_s[0] + max(0.0, gather_total - m * chunk.total_s)
         exposed_dp_of.append(exposed_dp)
         after_of.append(dp.optimizer_s)
-    backward_of = [c.backward_s for c in chunk_of]
-    # Each stage finishes its last backward once the later stages have drained theirs.
     iteration = 0.0
     exposed_dp_critical = 0.0
-    drain_after = 0.0  # backward of the earlier stages, summed in stage order
-    for k in stage_class:
-        finish = pipeline - drain_after + exposed_dp_of[k] + after_of[k]
-        drain_after += backward_of[k]
+    for last_backward_end, k in zip(phase.last_backward_end_s, stage_class):
+        finish = last_backward_end + exposed_dp_of[k] + after_of[k]
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, exposed_dp_of[k]
     exposed = dict(phase.exposed_comm_s)

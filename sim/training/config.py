@@ -168,16 +168,15 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
 
 def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan) -> None:
     """The divisibility rules Megatron-LM enforces, each reported with its values."""
-    where = f"model {model.name}"
     if plan.world_size != cluster.num_gpus:
         raise InvalidPlanError(
             f"tp x pp x cp x dp = {plan.tp} x {plan.pp} x {plan.cp} x {plan.dp} = {plan.world_size} "
             f"must equal cluster.num_gpus {cluster.num_gpus}"
         )
     if model.heads % plan.tp:
-        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.heads} attention heads of {where}")
+        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.heads} attention heads of model {model.name}")
     if not model.is_mla and model.kv_heads % plan.tp:
-        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.kv_heads} kv_heads of {where}")
+        raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {model.kv_heads} kv_heads of model {model.name}")
     widths = []
     if not model.is_moe or model.dense_layers:
         widths.append(("FFN width", model.ffn_hidden))
@@ -185,25 +184,25 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
         widths.append(("expert FFN width", model.expert_ffn_hidden))
     for label, width in widths:
         if width % plan.tp:
-            raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of {where}")
+            raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of model {model.name}")
     stage_layer_counts(model.layers, plan)
     if plan.ep > 1:
         if not model.is_moe:
-            raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; {where} is dense")
+            raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
         if model.experts % plan.ep:
-            raise InvalidPlanError(f"parallel.ep {plan.ep} must divide the {model.experts} experts of {where}")
+            raise InvalidPlanError(f"parallel.ep {plan.ep} must divide the {model.experts} experts of model {model.name}")
     if plan.cp > 1 and job.seq_len % (2 * plan.cp):
         raise InvalidPlanError(
             f"training.seq_len {job.seq_len} must be divisible by 2 x cp = {2 * plan.cp} (load-balanced causal context parallel)"
         )
-    job.num_microbatches(plan.dp)
-    if plan.schedule == "interleaved" and job.num_microbatches(plan.dp) % plan.pp:
+    num_microbatches = job.num_microbatches(plan.dp)  # raises when dp x micro_batch does not divide the batch
+    if plan.schedule == "interleaved" and num_microbatches % plan.pp:
         raise InvalidPlanError(
-            f"schedule 'interleaved' needs the {job.num_microbatches(plan.dp)} micro-batches to be a multiple of pp {plan.pp}"
+            f"schedule 'interleaved' needs the {num_microbatches} micro-batches to be a multiple of pp {plan.pp}"
         )
     if plan.tp_comm_overlap and not plan.sequence_parallel:
         raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
     if job.seq_len > model.max_seq_len and model.position == "learned":
         raise InvalidPlanError(
-            f"training.seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of {where}"
+            f"training.seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of model {model.name}"
         )

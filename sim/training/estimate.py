@@ -8,7 +8,8 @@ and the same metric formulas (``run.training_metrics``, which ``TrainingResult.m
 it skips is per-stage repetition: each class of identical stages is priced and sized once, and a
 ``PricingCache`` shared across calls memoizes the exact intermediate results (the chunk-only pipeline
 phase is shared by plans differing only in data-parallel work; a setup seen before returns its
-whole result).
+whole result). Per candidate it looks up the model and cluster ids once (``pricing_keys``) and
+builds one memory breakdown, the peak stage's, which is all the metrics read.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Any
 
 from sim.training.analytic import finish_iteration, pipeline_phase
 from sim.training.config import TrainingSetup
-from sim.training.iteration import IterationClasses, build_iteration_classes, job_values, pricing_keys
+from sim.training.iteration import IterationClasses, PricingKeys, build_iteration_classes, job_values, pricing_keys
 from sim.training.memory import (
     MemoryBreakdown,
     StageMemoryClass,
-    peak_memory_stages,
+    peak_stage_memory,
     stage_memory_class,
     stage_memory_terms,
 )
@@ -46,64 +47,73 @@ _NESTED_METRICS = ("exposed_communication_s", "memory_bytes", "offloaded_bytes",
 
 
 def _memory_classes(
-    setup: TrainingSetup, kinds: tuple[tuple[int, int, bool, bool], ...], num_microbatches: int, cache: PricingCache
+    setup: TrainingSetup, priced: IterationClasses, cache: PricingCache
 ) -> tuple[StageMemoryClass, ...]:
-    """``stage_memory_class`` of every (dense, MoE, first, last) in ``kinds``, each from its
-    ``stage_memory_terms`` memoized on the fields they depend on."""
+    """``stage_memory_class`` of every (dense, MoE, first, last) memory kind of ``priced.layout``.
+    Their ``stage_memory_terms`` (parameters and activations before sharding) are memoized without
+    the ZeRO, offload and data-parallel fields, so plans differing only there share them and redo
+    just the sharding arithmetic of ``stage_memory_class``."""
     model, plan, job = setup.model, setup.plan, setup.job
+    kinds = priced.layout.memory_kinds
     flash = setup.attention_kernel == "flash"
-    terms_context = cache.intern((
-        "memory_terms", cache.model_id(model), job_values(job), flash, plan.pp > 1,
-        num_microbatches if plan.schedule == "gpipe" else 1, _terms_plan_values(plan),
-    ))
-
-    def memory_class(kind: tuple[int, int, bool, bool]) -> StageMemoryClass:
-        dense, moe, first, last = kind
-        terms = cache.memo(
-            "memory_terms",
-            (terms_context, kind),
-            lambda: stage_memory_terms(
+    terms_key = (
+        priced.keys.model, job_values(job), flash, plan.pp > 1,
+        priced.num_microbatches if plan.schedule == "gpipe" else 1, _terms_plan_values(plan), kinds,
+    )
+    terms = cache.memo(
+        "memory_terms",
+        terms_key,
+        lambda: tuple(
+            stage_memory_terms(
                 model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last, flash_attention=flash
-            ),
-        )
-        return stage_memory_class(
+            )
+            for dense, moe, first, last in kinds
+        ),
+    )
+    return tuple(
+        stage_memory_class(
             model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last, flash_attention=flash,
-            terms=terms,
+            terms=kind_terms,
         )
+        for (dense, moe, first, last), kind_terms in zip(kinds, terms)
+    )
 
-    return tuple(memory_class(kind) for kind in kinds)
 
-
-def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCache) -> tuple[MemoryBreakdown, ...]:
-    """``memory.peak_memory_stages`` for ``setup`` with ``memory_per_stage``'s defaults (as
-    ``simulate_training`` calls it), the memory classes of one plan shape computed once per cache."""
-    model, plan, job = setup.model, setup.plan, setup.job
+def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCache) -> tuple[MemoryBreakdown]:
+    """The one breakdown the metrics read of ``memory.memory_per_stage`` with ``simulate_training``'s
+    defaults: its first stage reaching the largest total (``memory.peak_stage_memory``). The memory
+    classes of one plan shape are computed once per cache, and the peak once per (classes, stages)."""
+    plan, job = setup.plan, setup.job
     layout = priced.layout
     # the classes depend on the plan beyond _MEMORY_PLAN_FIELDS only through the stage kinds
-    key = (
-        cache.model_id(model), job_values(job), setup.attention_kernel == "flash", plan.pp > 1, plan.world_size > 1,
-        _memory_plan_values(plan), layout.memory_kinds,
-    )
-    kinds = cache.memo(
-        "memory_classes", key, lambda: _memory_classes(setup, layout.memory_kinds, priced.num_microbatches, cache)
-    )
-    return peak_memory_stages(
-        kinds, layout.memory_class, plan, priced.num_microbatches, capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes,
-        first_stages=layout.memory_first_stage,
+    classes_key = cache.intern((
+        "memory_classes", priced.keys.model, job_values(job), setup.attention_kernel == "flash", plan.pp > 1,
+        plan.world_size > 1, _memory_plan_values(plan), layout.memory_kinds,
+    ))
+    capacity = setup.cluster.gpu.hbm_capacity_bytes
+    # the peak adds the stage indices, which (with pp, v and the micro-batches, fixed by job and dp
+    # in the key) give each class's in-flight micro-batches
+    return cache.memo(
+        "peak_memory",
+        (classes_key, plan.pp, plan.virtual_stages, layout.memory_first_stage, capacity),
+        lambda: (peak_stage_memory(
+            cache.memo("memory_classes", classes_key, lambda: _memory_classes(setup, priced, cache)),
+            layout.memory_class, plan, priced.num_microbatches, capacity_bytes=capacity,
+            first_stages=layout.memory_first_stage,
+        ),),
     )
 
 
-def _evaluate(setup: TrainingSetup, chunk_context: int, cache: PricingCache) -> dict[str, Any]:
-    priced = build_iteration_classes(setup, cache, chunk_context=chunk_context)
+def _evaluate(setup: TrainingSetup, keys: PricingKeys, cache: PricingCache) -> dict[str, Any]:
+    priced = build_iteration_classes(setup, cache, keys=keys)
     layout = priced.layout
-    chunk_of = [c.chunk for c in priced.classes]
     # analytic_iteration_classes in its two parts; the first depends on the chunks alone (chunk
     # context, layout, schedule), so plans differing only in their data-parallel work share it
     phase = cache.memo(
         "pipeline_phase",
-        (chunk_context, layout.key, priced.schedule),
+        (keys.chunk, layout.key, priced.schedule),
         lambda: pipeline_phase(
-            chunk_of,
+            priced.chunks,
             layout.stage_class,
             schedule=priced.schedule,
             num_microbatches=priced.num_microbatches,
@@ -113,15 +123,11 @@ def _evaluate(setup: TrainingSetup, chunk_context: int, cache: PricingCache) -> 
         ),
     )
     estimate = finish_iteration(
-        phase, chunk_of, [c.data_parallel for c in priced.classes], layout.stage_class,
-        num_microbatches=priced.num_microbatches,
+        phase, priced.chunks, priced.data_parallel, layout.stage_class, num_microbatches=priced.num_microbatches
     )
-    # the metrics read of the memory the largest total (first stage reaching it), whether all fit and
-    # the largest shortfall, which the first stage of each memory class determines (peak_memory_stages)
     job = setup.job
     model_flops = cache.memo(
-        "model_flops", (cache.model_id(setup.model), job.seq_len, job.global_batch),
-        lambda: model_flops_per_iteration(setup),
+        "model_flops", (keys.model, job.seq_len, job.global_batch), lambda: model_flops_per_iteration(setup)
     )
     return training_metrics(
         setup, estimate, peak_memory(setup, priced, cache),
@@ -133,8 +139,8 @@ def estimate_training(setup: TrainingSetup, cache: PricingCache | None = None) -
     """Analytic training metrics of ``setup`` (the ``--format json`` training fields); pass one
     ``cache`` to every call of a search. The returned dict is the caller's to modify."""
     cache = cache if cache is not None else PricingCache()
-    chunk_context, setup_context = pricing_keys(setup, cache)
-    metrics = cache.memo("estimate", setup_context, lambda: _evaluate(setup, chunk_context, cache))
+    keys = pricing_keys(setup, cache)
+    metrics = cache.memo("estimate", keys.setup, lambda: _evaluate(setup, keys, cache))
     out = dict(metrics)
     for key in _NESTED_METRICS:
         out[key] = dict(out[key])

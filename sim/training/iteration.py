@@ -71,18 +71,14 @@ job_values = attrgetter(*(f.name for f in fields(TrainingJob)))
 plan_values = attrgetter(*(f.name for f in fields(ParallelPlan)))
 
 
-def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> tuple[int, int]:
-    """(chunk context, whole setup) as interned ids: the first names everything a chunk's price
-    depends on besides its links and layers, the second everything a ``build_iteration`` result does."""
-    plan = setup.plan
-    chunk_context = cache.intern((
-        "chunk", cache.gpu_id(setup.cluster.gpu), cache.model_id(setup.model), job_values(setup.job),
-        setup.attention_kernel, setup.expert_load_imbalance, setup.overlap_slowdown, _chunk_plan_values(plan),
-    ))
-    setup_context = cache.intern(
-        ("setup", chunk_context, cache.cluster_id(setup.cluster), plan_values(plan), setup.dp_comm_overlap)
-    )
-    return chunk_context, setup_context
+class PricingKeys(NamedTuple):
+    """One evaluation's cache keys as interned ids, computed once (``pricing_keys``)."""
+
+    chunk: int  # everything a chunk's price depends on besides its links and layers
+    setup: int  # everything a ``build_iteration`` result depends on
+    data_parallel: int  # everything a stage's data-parallel work depends on besides parameters and links
+    model: int  # cache.model_id(setup.model)
+    cluster: int  # cache.cluster_id(setup.cluster)
 
 
 # Fields the data-parallel part of a stage (gradient buckets, ZeRO-3 gathers, optimizer step) does
@@ -97,13 +93,20 @@ _dp_plan_values = attrgetter(*_DP_PLAN_FIELDS)
 _dp_job_values = attrgetter(*_DP_JOB_FIELDS)
 
 
-def _dp_context(setup: TrainingSetup, cache: PricingCache) -> int:
-    """Interned id of everything a stage's data-parallel work depends on besides parameters and links."""
+def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
+    """The interned keys of ``setup``: chunk context, whole setup and data-parallel context (with
+    the model and cluster ids they are built from); between them they name every setup field."""
     plan, job = setup.plan, setup.job
-    return cache.intern((
-        "dp", cache.cluster_id(setup.cluster), setup.dp_comm_overlap,
-        _dp_job_values(job), _dp_plan_values(plan),
+    ids = cache.spec_ids(setup.model, setup.cluster)
+    chunk_context = cache.intern((
+        "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
+        setup.overlap_slowdown, _chunk_plan_values(plan),
     ))
+    setup_context = cache.intern(("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap))
+    dp_context = cache.intern(("dp", ids.cluster, setup.dp_comm_overlap, _dp_job_values(job), _dp_plan_values(plan)))
+    return PricingKeys(
+        chunk=chunk_context, setup=setup_context, data_parallel=dp_context, model=ids.model, cluster=ids.cluster
+    )
 
 
 class StageClassWork(NamedTuple):
@@ -134,11 +137,13 @@ class StageLayout(NamedTuple):
     p2p_latency_s: tuple[float, ...]
 
 
-def stage_layout(setup: TrainingSetup, cache: PricingCache) -> StageLayout:
-    """The plan's stage classes, memoized on the few inputs they depend on."""
+def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | None = None) -> StageLayout:
+    """The plan's stage classes, memoized on the few inputs they depend on (``keys``:
+    ``pricing_keys(setup, cache)`` when the caller has them)."""
     model, plan = setup.model, setup.plan
+    cluster_id = keys.cluster if keys is not None else cache.cluster_id(setup.cluster)
     key = cache.intern((
-        "layout", cache.cluster_id(setup.cluster), model.layers, model.dense_layers if model.is_moe else model.layers,
+        "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
         plan.pp, plan.virtual_stages, plan.layers_per_stage, plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
@@ -213,11 +218,17 @@ def _data_parallel_work(
     )
 
 
-def _class_chunks(
-    setup: TrainingSetup, layout: StageLayout, chunk_context: int, cache: PricingCache
-) -> tuple[tuple[tuple[ChunkTimes, tuple[tuple[float, float], ...]], ...], float, float]:
-    """(per class: chunks with their sums and per-chunk FLOPs; per-micro-batch hardware FLOPs and
-    recompute FLOPs of one replica's stages, summed stage by stage, chunk by chunk)."""
+class ClassChunks(NamedTuple):
+    """The chunks of every stage class of one (chunk context, layout) and the replica's FLOPs."""
+
+    chunks: tuple[ChunkTimes, ...]  # per class: its chunks and their F, B, W sums
+    chunk_flops: tuple[tuple[tuple[float, float], ...], ...]  # per class, per chunk: (FLOPs, recompute FLOPs)
+    flops: float  # per micro-batch, one replica's stages summed stage by stage, chunk by chunk
+    recompute_flops: float
+
+
+def _class_chunks(setup: TrainingSetup, layout: StageLayout, chunk_context: int, cache: PricingCache) -> ClassChunks:
+    """Every class's chunks (memoized per chunk context, links and chunk signatures) and the FLOP sums."""
     per_class = tuple(
         cache.memo(
             "stage_chunks",
@@ -231,33 +242,42 @@ def _class_chunks(
         for chunk_flop, chunk_recompute_flop in per_class[index][1]:
             flops += chunk_flop
             recompute_flops += chunk_recompute_flop
-    return per_class, flops, recompute_flops
+    return ClassChunks(
+        chunks=tuple(c for c, _ in per_class), chunk_flops=tuple(f for _, f in per_class), flops=flops,
+        recompute_flops=recompute_flops,
+    )
 
 
 def _class_data_parallel(
-    setup: TrainingSetup, layout: StageLayout, dp_context: int, cache: PricingCache
+    setup: TrainingSetup, layout: StageLayout, keys: PricingKeys, cache: PricingCache
 ) -> tuple[DataParallelTimes, ...]:
     """Per class: its data-parallel work (memoized per data-parallel context, links and parameter count)."""
-    model_id, plan = cache.model_id(setup.model), setup.plan
+    plan = setup.plan
     out = []
     for signature, links, links_key in zip(layout.signatures, layout.links, layout.links_keys):
         params = cache.memo(
             "parameters",
-            (model_id, plan.tp, plan.ep, plan.pp > 1, signature),
+            (keys.model, plan.tp, plan.ep, plan.pp > 1, signature),
             lambda: signature_parameters(setup, signature),
         )
         out.append(cache.memo(
-            "data_parallel", (dp_context, links_key, params), lambda: _data_parallel_work(setup, params, links, cache)
+            "data_parallel", (keys.data_parallel, links_key, params),
+            lambda: _data_parallel_work(setup, params, links, cache),
         ))
     return tuple(out)
 
 
 class IterationClasses(NamedTuple):
     """``build_iteration``'s result with every distinct stage priced once: ``classes[stage_class[s]]``
-    is stage s's work. The analytic fidelity reads this directly; the DES expands it to stages."""
+    is stage s's work. The analytic fidelity reads this directly; the DES expands it to stages.
+    The per-class parts are kept as the memoized tuples they come from (``chunks``,
+    ``data_parallel``, ``chunk_flops``); ``classes`` zips them."""
 
+    keys: PricingKeys  # the interned keys it was priced under
     layout: StageLayout
-    classes: tuple[StageClassWork, ...]
+    chunks: tuple[ChunkTimes, ...]  # per class
+    data_parallel: tuple[DataParallelTimes, ...]  # per class
+    chunk_flops: tuple[tuple[tuple[float, float], ...], ...]  # per class, per chunk: (FLOPs, recompute FLOPs)
     schedule: str
     num_microbatches: int
     virtual_stages: int
@@ -267,41 +287,48 @@ class IterationClasses(NamedTuple):
     hardware_flops_per_replica: float
     recompute_flops_per_replica: float
 
+    @property
+    def classes(self) -> tuple[StageClassWork, ...]:
+        """Every class's work in one record each."""
+        return tuple(StageClassWork(*parts) for parts in zip(self.chunks, self.data_parallel, self.chunk_flops))
+
 
 def build_iteration_classes(
-    setup: TrainingSetup, cache: PricingCache | None = None, *, chunk_context: int | None = None
+    setup: TrainingSetup, cache: PricingCache | None = None, *, keys: PricingKeys | None = None
 ) -> IterationClasses:
     """Price each stage class's chunks, gradient buckets and optimizer step once (see ``build_iteration``).
-    ``chunk_context``: ``pricing_keys(setup, cache)[0]`` when the caller has it."""
+    ``keys``: ``pricing_keys(setup, cache)`` when the caller has them."""
     cache = cache if cache is not None else PricingCache()
     plan = setup.plan
-    if chunk_context is None:
-        chunk_context, _ = pricing_keys(setup, cache)
-    layout = stage_layout(setup, cache)
+    if keys is None:
+        keys = pricing_keys(setup, cache)
+    layout = stage_layout(setup, cache, keys)
     # chunks of every class and the FLOP sums: one entry per (chunk context, layout); the
     # data-parallel work of every class: one per (data-parallel context, layout, model)
-    chunks, flops, recompute_flops = cache.memo(
-        "class_chunks", (chunk_context, layout.key), lambda: _class_chunks(setup, layout, chunk_context, cache)
+    chunks = cache.memo(
+        "class_chunks", (keys.chunk, layout.key), lambda: _class_chunks(setup, layout, keys.chunk, cache)
     )
-    dp_context = _dp_context(setup, cache)
     data_parallel = cache.memo(
         "class_data_parallel",
-        (dp_context, layout.key, cache.model_id(setup.model)),
-        lambda: _class_data_parallel(setup, layout, dp_context, cache),
+        (keys.data_parallel, layout.key, keys.model),
+        lambda: _class_data_parallel(setup, layout, keys, cache),
     )
     m = setup.num_microbatches
     ranks_per_stage = plan.tp * plan.cp
     return IterationClasses(
+        keys=keys,
         layout=layout,
-        classes=tuple(StageClassWork(c, d, f) for (c, f), d in zip(chunks, data_parallel)),
+        chunks=chunks.chunks,
+        data_parallel=data_parallel,
+        chunk_flops=chunks.chunk_flops,
         schedule=plan.schedule,
         num_microbatches=m,
         virtual_stages=plan.virtual_stages,
         p2p_bandwidth_Bps=layout.p2p_bandwidth_Bps,
         p2p_latency_s=layout.p2p_latency_s,
         overlap_slowdown=setup.overlap_slowdown,
-        hardware_flops_per_replica=flops * m * ranks_per_stage,
-        recompute_flops_per_replica=recompute_flops * m * ranks_per_stage,
+        hardware_flops_per_replica=chunks.flops * m * ranks_per_stage,
+        recompute_flops_per_replica=chunks.recompute_flops * m * ranks_per_stage,
     )
 
 
@@ -314,7 +341,7 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
     cache = cache if cache is not None else PricingCache()
     plan, model = setup.plan, setup.model
     priced = build_iteration_classes(setup, cache)
-    _, setup_context = pricing_keys(setup, cache)
+    setup_context = priced.keys.setup
     capacity = setup.cluster.gpu.hbm_capacity_bytes
     flash = setup.attention_kernel == "flash"
     memory = cache.memo(
@@ -323,8 +350,9 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
         lambda: memory_per_stage(model, plan, setup.job, capacity_bytes=capacity, flash_attention=flash),
     )
     stages = []
+    classes = priced.classes
     for stage, index in enumerate(priced.layout.stage_class):
-        work, breakdown = priced.classes[index], memory[stage]
+        work, breakdown = classes[index], memory[stage]
         stages.append(
             StageWork(
                 stage=stage,

@@ -287,11 +287,22 @@ class StageMemoryClass(NamedTuple):
     first_stage_tokens: float  # s b / cp on the first stage (token ids and embedding mask), else 0
     first_stage_bytes_per_token: float  # token id + embedding dropout mask bytes per token
 
-    def breakdown(self, *, stage: int, inflight: float, capacity_bytes: float) -> MemoryBreakdown:
-        """The stage's breakdown with ``inflight`` micro-batches' activations stored."""
+    def activations_bytes(self, inflight: float) -> float:
+        """Stored activations with ``inflight`` micro-batches in flight."""
         activations = inflight * self.stored_bytes_per_microbatch
         if self.first_stage_tokens:
             activations += inflight * self.first_stage_tokens * self.first_stage_bytes_per_token
+        return activations
+
+    def total_bytes(self, inflight: float) -> float:
+        """``MemoryBreakdown.total_bytes`` of ``breakdown(inflight=inflight)``, same float operations,
+        without building the breakdown."""
+        model_state = self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+        return model_state + self.activations_bytes(inflight) + self.other_bytes
+
+    def breakdown(self, *, stage: int, inflight: float, capacity_bytes: float) -> MemoryBreakdown:
+        """The stage's breakdown with ``inflight`` micro-batches' activations stored."""
+        activations = self.activations_bytes(inflight)
         return MemoryBreakdown(
             stage=stage,
             weights_bytes=self.weights_bytes,
@@ -560,3 +571,28 @@ def peak_memory_stages(
         )
         for k, stage in enumerate(first_stages)
     )
+
+
+def peak_stage_memory(
+    kinds: tuple[StageMemoryClass, ...],
+    stage_class: tuple[int, ...],
+    plan: ParallelPlan,
+    num_microbatches: int,
+    *,
+    capacity_bytes: float,
+    first_stages: tuple[int, ...] | None = None,
+) -> MemoryBreakdown:
+    """The breakdown of the first stage reaching the largest total over ``memory_per_stage``: what a
+    plan search reads (largest total; with one capacity for all stages it fits iff this stage fits,
+    and its shortfall is the largest, since x - capacity is monotone in x). Compares the totals of
+    ``peak_memory_stages``'s candidates and builds only the winner's breakdown."""
+    if first_stages is None:
+        first_stages = tuple(stage_class.index(k) for k in range(len(kinds)))
+    best_stage = best_kind = -1
+    best_total = -math.inf
+    for k, stage in enumerate(first_stages):  # stage order, so ">" keeps the first stage reaching the max
+        total = kinds[k].total_bytes(inflight_microbatches(plan, num_microbatches, stage))
+        if total > best_total:
+            best_stage, best_kind, best_total = stage, k, total
+    inflight = inflight_microbatches(plan, num_microbatches, best_stage)
+    return kinds[best_kind].breakdown(stage=best_stage, inflight=inflight, capacity_bytes=capacity_bytes)

@@ -10,7 +10,7 @@ small integers so repeated lookups do not rehash nested dataclasses.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import GpuSpec
@@ -46,6 +46,14 @@ def gpu_fingerprint(gpu: GpuSpec) -> tuple[Any, ...]:
     )
 
 
+class SpecIds(NamedTuple):
+    """Interned ids of one evaluation's model, cluster and GPU (``PricingCache.spec_ids``)."""
+
+    model: int
+    cluster: int
+    gpu: int
+
+
 class PricingCache:
     """Bounded memo tables, one per namespace, plus interning of large keys to integers."""
 
@@ -58,6 +66,8 @@ class PricingCache:
         self._next_id = 0  # never reused, so a key holding a stale id can only miss, never hit wrongly
         # id(object) -> (object, interned id): the strong reference keeps the id from being reused
         self._by_identity: dict[int, tuple[Any, int]] = {}
+        # (model, cluster, their SpecIds) of the last spec_ids call: a search evaluates many plans of one pair
+        self._last_specs: tuple[Any, Cluster, SpecIds] | None = None
 
     def memo(self, namespace: str, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per ``key`` in ``namespace``."""
@@ -81,6 +91,7 @@ class PricingCache:
             if len(self._ids) >= self.max_entries:
                 self._ids.clear()
                 self._by_identity.clear()
+                self._last_specs = None
             found = self._ids[key] = self._next_id
             self._next_id += 1
         return found
@@ -92,6 +103,7 @@ class PricingCache:
         interned = self.intern(fingerprint(obj))
         if len(self._by_identity) >= self.max_entries:
             self._by_identity.clear()
+            self._last_specs = None
         self._by_identity[id(obj)] = (obj, interned)
         return interned
 
@@ -106,6 +118,16 @@ class PricingCache:
     def model_id(self, model: Hashable) -> int:
         """Interned id of a ``ModelSpec`` (by identity first, so a search's one model hashes once)."""
         return self._identity_id(model, lambda m: ("model", m))
+
+    def spec_ids(self, model: Hashable, cluster: Cluster) -> SpecIds:
+        """``model_id``, ``cluster_id`` and ``gpu_id`` of one evaluation, looked up once (by identity,
+        the previous pair first)."""
+        last = self._last_specs
+        if last is not None and last[0] is model and last[1] is cluster:
+            return last[2]
+        ids = SpecIds(model=self.model_id(model), cluster=self.cluster_id(cluster), gpu=self.gpu_id(cluster.gpu))
+        self._last_specs = (model, cluster, ids)
+        return ids
 
     def links_id(self, links: GroupLinks) -> int:
         return self._identity_id(links, lambda g: ("links", g))

@@ -43,9 +43,10 @@ def training_metrics(
     model_flops: float | None = None,
 ) -> dict[str, Any]:
     """The ``--format json`` training metrics (``TrainingResult.metrics``). ``memory``: every stage's
-    breakdown, or any subset holding the first stage to reach the largest total and the largest
-    shortfall (``memory.peak_memory_stages``). ``model_flops``: ``model_flops_per_iteration(setup)``
-    when the caller has it (a search memoizes it)."""
+    breakdown, or any subset holding the first stage to reach the largest total
+    (``memory.peak_stage_memory``), all with the GPU's one capacity: the stage with the largest
+    total decides whether all fit and the largest shortfall (x - capacity is monotone in x).
+    ``model_flops``: ``model_flops_per_iteration(setup)`` when the caller has it (a search memoizes it)."""
     job, plan = setup.job, setup.plan
     gpus = setup.cluster.num_gpus
     seconds = estimate.iteration_time_s
@@ -73,8 +74,8 @@ def training_metrics(
             "activations": worst.activations_bytes,
             "other": worst.other_bytes,
         },
-        "fits_in_memory": all(b.fits_in_memory for b in memory),
-        "memory_shortfall_bytes": max(b.shortfall_bytes for b in memory),
+        "fits_in_memory": worst.fits_in_memory,
+        "memory_shortfall_bytes": worst.shortfall_bytes,
         "offloaded_bytes": {"cpu": worst.cpu_offload_bytes, "nvme": worst.nvme_offload_bytes},
         "num_microbatches": setup.num_microbatches,
         "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
