@@ -43,3 +43,12 @@ def test_speculation_pays_only_at_high_acceptance(capsys: pytest.CaptureFixture[
     high = _simulate(path, capsys)["tpot_s"]["mean"]
     low = _simulate(path, capsys, "serving.speculative.acceptance_rate=0.2")["tpot_s"]["mean"]
     assert high < low
+
+
+def test_prefix_caching_reuses_earlier_turns(capsys: pytest.CaptureFixture[str]) -> None:
+    path = next(p for p in EXAMPLES if p.stem == "serve-prefix-caching-chat")
+    cached = _simulate(path, capsys)
+    uncached = _simulate(path, capsys, "serving.prefix_caching=false")
+    # the shared system prompt and earlier turns are most of every later prompt
+    assert cached["prefix_cache_hit_rate"] > 0.5 and uncached["prefix_cache_hit_rate"] == 0.0
+    assert cached["ttft_s"]["mean"] < 0.7 * uncached["ttft_s"]["mean"]
