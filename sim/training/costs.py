@@ -16,7 +16,8 @@ from typing import Mapping
 from hardware.collectives import GroupLinks, collective_time_s
 from sim import costmodel
 from sim.training.config import TrainingSetup
-from sim.training.memory import activation_bytes_per_layer, shard_degrees
+from sim.training.activations import activation_bytes_per_layer
+from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops

@@ -14,7 +14,8 @@ Conventions (each cited where it is used below):
 * Data-parallel sharding runs over dp x cp (Megatron shards the distributed optimizer over the
   data-parallel group with context parallel); expert parameters over dp x cp / ep. Experts use the
   plan's tp as expert tensor parallelism (Megatron-Core's default when no separate ETP is given).
-* Activations follow Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, generalised per tensor.
+* Stored activations per layer and in-flight micro-batches come from ``sim.training.activations``
+  (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, generalised per tensor).
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hardware.units import MB, MiB, GB
+from sim.training.activations import (
+    DROPOUT_MASK_BYTES,
+    LOGITS_BYTES,
+    TOKEN_ID_BYTES,
+    inflight_microbatches,
+    layer_activation_parts,
+)
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
 
 # ---- byte sizes and fixed reserves: the one place for memory constants --------------------------
-ACTIVATION_BYTES = 2.0  # 16-bit stored activations (Korthikanti 2022 §4: fp16 activations)
-DROPOUT_MASK_BYTES = 1.0  # one byte per mask element (Korthikanti 2022 §4.1)
-SOFTMAX_LSE_BYTES = 4.0  # FlashAttention saves an fp32 log-sum-exp per query and head for backward
-TOKEN_ID_BYTES = 8.0  # int64 token ids: Megatron theoretical_memory_usage.py "8 * s * b * p"
-LOGITS_BYTES = 4.0  # fp32 logits / CE inputs: Megatron theoretical_memory_usage.py 4*s*b*h*(1 + V/h)
-ROUTER_PROB_BYTES = 4.0  # fp32 router softmax per token and expert (Megatron-Core router computes in fp32)
 WEIGHT_BYTES = 2.0  # bf16/fp16 model weights
 FP8_WEIGHT_CACHE_BYTES = 2.0  # fp8 weight + fp8 transpose per matmul parameter (see module docstring)
 MAIN_GRAD_BYTES = 4.0  # fp32 main gradients (Megatron accumulate_allreduce_grads_in_fp32, formulas.md 4.3)
@@ -88,129 +90,6 @@ class MemoryBreakdown:
 
 
 # ---- activations ---------------------------------------------------------------------------------
-def _layer_activation_parts(
-    model: ModelSpec, plan: ParallelPlan, job: TrainingJob, *, moe: bool, flash_attention: bool, dropout: bool
-) -> tuple[float, float, float]:
-    """(stored with no recompute, attention-core part of it, layer input) in bytes, one micro-batch, one rank.
-
-    Notation: s local sequence (seq_len / cp), b micro-batch, h hidden, t tp. Korthikanti 2022 Table 2
-    for a GPT layer: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallel the 10 s b h of
-    replicated tensors (norm inputs, QKV and fc1 inputs, dropout masks) is also divided by t.
-    """
-    t = plan.tp
-    s = job.seq_len / plan.cp
-    b = job.micro_batch
-    h = model.hidden
-    tokens = s * b
-    a = ACTIVATION_BYTES
-    mask = DROPOUT_MASK_BYTES if dropout else 0.0
-    # kv heads are replicated when tp exceeds them (Megatron GQA), so each rank holds at least one
-    kv_heads_rank = max(model.kv_heads / t, 1.0)
-
-    # replicated across TP unless sequence parallel (the "10" of Korthikanti's TP formula)
-    norms = 1 if model.parallel_block else 2
-    replicated = norms * a * tokens * h  # inputs of the layer norms
-    replicated += a * tokens * h  # QKV-projection input
-    if not model.parallel_block:
-        replicated += a * tokens * h  # fc1 / router input (parallel blocks share the QKV input)
-    replicated += 2 * mask * tokens * h  # dropout masks after attention and after the MLP
-
-    # split across TP ranks (the "24" of Korthikanti's TP formula for a 4h GeLU MLP)
-    if model.is_mla:
-        qk_head = model.qk_nope_head_dim + model.qk_rope_head_dim
-        latents = a * tokens * (2 * model.kv_lora_rank + model.qk_rope_head_dim)  # down output + its norm output
-        if model.q_lora_rank:
-            latents += 2 * a * tokens * model.q_lora_rank
-        replicated += latents  # MLA down-projections are duplicated across TP ranks in Megatron-Core
-        q_width = model.heads * qk_head / t
-        k_width = q_width
-        v_width = model.heads * model.v_head_dim / t
-        out_width = v_width
-    else:
-        q_width = model.heads * model.head_dim / t
-        k_width = v_width = kv_heads_rank * model.head_dim
-        out_width = q_width
-    split = a * tokens * (q_width + k_width + v_width + out_width)  # Q, K (for QK^T), V, out-proj input
-
-    heads_rank = model.heads / t
-    if flash_attention:
-        core = SOFTMAX_LSE_BYTES * heads_rank * tokens  # scores never stored; only the fp32 log-sum-exp
-    else:
-        # softmax output (2) + dropout mask (1) + dropout output (2) = Korthikanti's 5 a s^2 b / t;
-        # a query shard attends to all s_full keys under context parallelism
-        per_element = a + (mask + a if dropout else 0.0)
-        core = per_element * heads_rank * tokens * job.seq_len
-
-    def mlp_width_bytes(width: float) -> float:
-        # GeLU/ReLU: activation input and output (2 + 2 bytes per element); SwiGLU: gate, up and their product
-        return (3 if model.gated_mlp else 2) * a * width
-
-    if moe:
-        k = model.experts_per_token
-        # routed tokens on this rank (balanced): permuted input and expert output are hidden-sized and
-        # gathered over TP (not divided by t); intermediates are split by expert TP
-        split += k * tokens * (2 * a * h + mlp_width_bytes(model.expert_ffn_hidden / t))
-        split += model.shared_experts * tokens * mlp_width_bytes(model.expert_ffn_hidden / t)
-        replicated += ROUTER_PROB_BYTES * tokens * model.experts
-    else:
-        split += tokens * mlp_width_bytes(model.ffn_hidden / t)
-
-    if plan.sequence_parallel:
-        replicated /= t
-    layer_input = a * tokens * h / (t if plan.sequence_parallel else 1)
-    return replicated + split + core, core, layer_input
-
-
-def activation_bytes_per_layer(
-    model: ModelSpec,
-    plan: ParallelPlan,
-    job: TrainingJob,
-    *,
-    flash_attention: bool = True,
-    dropout: bool = True,
-    moe_layer: bool | None = None,
-) -> float:
-    """Stored activation bytes of one transformer layer for one micro-batch on one rank.
-
-    ``recompute``: none stores everything; selective drops the attention core (scores, softmax,
-    dropout, or FlashAttention's log-sum-exp); full keeps only the layer input (2 s b h, / t with
-    sequence parallel). ``dropout`` keeps Korthikanti's/Megatron's 1-byte masks (default, as their
-    accounting); pass False for dropout-free recipes. ``moe_layer`` None = an MoE layer for MoE models.
-    """
-    moe = model.is_moe if moe_layer is None else moe_layer
-    full, core, layer_input = _layer_activation_parts(
-        model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout
-    )
-    if plan.recompute == "full":
-        return layer_input
-    if plan.recompute == "selective":
-        return full - core
-    return full
-
-
-def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int) -> float:
-    """Micro-batches whose activations a stage holds at its peak, in units of the whole stage's layers.
-
-    gpipe: all m. 1f1b and zb-h1 (same peak as 1F1B, Qi et al. 2023 "Zero Bubble Pipeline
-    Parallelism" ZB-H1): min(pp - stage, m). interleaved with v chunks: Megatron's warm-up of
-    (pp - stage - 1) * 2 + (v - 1) * pp chunk-forwards plus one, capped at m * v, divided by v; on
-    stage 0 this is pp * (1 + (pp - 1)/(pp v)), Narayanan et al. 2021's interleave penalty.
-    """
-    if not 0 <= stage < plan.pp:
-        raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
-    if num_microbatches < 1:
-        raise ValueError(f"num_microbatches = {num_microbatches} must be >= 1")
-    m = num_microbatches
-    if plan.schedule == "gpipe":
-        return float(m)
-    v = plan.virtual_stages
-    if plan.schedule == "interleaved" and v > 1:
-        chunk_forwards = (plan.pp - stage - 1) * 2 + (v - 1) * plan.pp + 1
-        return min(chunk_forwards, m * v) / v
-    return float(min(plan.pp - stage, m))
-
-
-# ---- parameters ----------------------------------------------------------------------------------
 def _attention_parameters_per_rank(model: ModelSpec, t: int) -> float:
     """Attention projections on one TP rank; K/V projections replicate when kv_heads < tp."""
     total = model.attention_parameters()
@@ -367,7 +246,7 @@ def stage_memory_terms(
     # activations: stored per layer x micro-batches in flight (Korthikanti 2022 Eq. 5-6, Narayanan
     # 2021); the in-flight count is applied per stage by StageMemoryClass.breakdown
     per_kind = {
-        moe: _layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
+        moe: layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
         for moe, count in ((False, dense_layers), (True, moe_layers))
         if count
     }

@@ -7,11 +7,10 @@ import dataclasses
 import pytest
 
 from hardware.units import GiB
+from sim.training.activations import activation_bytes_per_layer, inflight_microbatches
 from sim.training.memory import (
     ADAM_STATE_BYTES,
     MemoryBreakdown,
-    activation_bytes_per_layer,
-    inflight_microbatches,
     memory_per_stage,
     stage_memory,
 )
