@@ -49,16 +49,15 @@ Without them ``prefix_hashes`` is empty: no reusable content is known.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
 from workloads.errors import WorkloadError
+from workloads.traces import read_trace_rows
 
 ARRIVALS = ("poisson", "gamma", "offline", "trace")
 DISTRIBUTIONS = ("fixed", "uniform", "normal", "lognormal", "zipf", "empirical")
@@ -75,16 +74,6 @@ _WORKLOAD_KEYS = (
     "time_scale", "shared_prefix_tokens", "prefix_block_tokens", "sessions", "seed",
 )
 _SESSION_KEYS = ("turns", "think_time_s", "max_context_tokens")
-# Trace columns: converted form (microsoft/vidur data/processed_traces/splitwise_*.csv) and the
-# original Azure LLM inference trace 2023 (Azure/AzurePublicDataset); see ../shared/data/traces/README.md.
-_CSV_COLUMNS = (
-    ("arrived_at", "num_prefill_tokens", "num_decode_tokens"),
-    ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-)
-# Mooncake (FAST'25) JSONL: timestamp in milliseconds, hash_ids of 512-token prompt blocks
-# (../shared/reference/formulas.md, "Public request traces").
-MOONCAKE_BLOCK_TOKENS = 512
-_MS_TO_S = 1e-3
 # Hash namespaces for synthetic prefixes: shared-prefix block b -> -(b + 1); block b of session or
 # request j -> (j + 1) * 2**32 + b (2**32 blocks per owner is beyond any context length).
 _OWNER_STRIDE = 2**32
@@ -497,24 +486,6 @@ def _trace_requests(spec: WorkloadSpec, rng: np.random.Generator) -> list[Reques
     return result
 
 
-# ---------------------------------------------------------------- traces
-
-
-def _timestamp_s(text: str, where: str) -> float:
-    """Seconds from a number or an ISO date-time (Azure: '2023-11-16 18:15:46.6805900'; naive = UTC)."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        stamp = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise WorkloadError(f"{where}: timestamp {text!r} is neither a number nor an ISO date-time") from None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=timezone.utc)
-    return stamp.timestamp()
-
-
 def read_trace(path: str | Path, *, limit: int | None = None) -> list[RequestSpec]:
     """Requests of a trace file, sorted by arrival (t = 0 at the earliest), ids 0..n-1.
 
@@ -530,7 +501,7 @@ def read_trace(path: str | Path, *, limit: int | None = None) -> list[RequestSpe
         raise WorkloadError(f"workload.trace = '{path}': file not found")
     if limit is not None and limit < 1:
         raise WorkloadError(f"workload.num_requests = {limit} must be >= 1")
-    rows = _read_jsonl(file, limit) if file.suffix in (".jsonl", ".json") else _read_csv(file, limit)
+    rows = read_trace_rows(file, limit)
     if not rows:
         raise WorkloadError(f"workload.trace = '{path}' has no requests")
     rows.sort(key=lambda row: row[0])
@@ -542,56 +513,3 @@ def read_trace(path: str | Path, *, limit: int | None = None) -> list[RequestSpe
         )
         for i, (arrival, prompt, output, session, hashes, block) in enumerate(rows)
     ]
-
-
-_Row = tuple[float, int, int, "int | None", tuple[int, ...], int]
-
-
-def _read_csv(file: Path, limit: int | None) -> list[_Row]:
-    rows: list[_Row] = []
-    with file.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = [name.strip() for name in reader.fieldnames or ()]
-        columns = next((c for c in _CSV_COLUMNS if set(c) <= set(header)), None)
-        if columns is None:
-            raise WorkloadError(
-                f"workload.trace = '{file}': columns {header} match no known trace format; expected "
-                + " or ".join(",".join(c) for c in _CSV_COLUMNS)
-            )
-        reader.fieldnames = header
-        time_key, prompt_key, output_key = columns
-        for line, row in enumerate(reader, start=2):
-            if limit is not None and len(rows) >= limit:
-                break
-            where = f"workload.trace = '{file}' line {line}"
-            try:
-                prompt, output = round(float(row[prompt_key])), round(float(row[output_key]))
-            except (TypeError, ValueError):
-                raise WorkloadError(f"{where}: token counts {row[prompt_key]!r}, {row[output_key]!r} are not numbers") from None
-            rows.append((_timestamp_s(row[time_key], where), prompt, output, None, (), 16))
-    return rows
-
-
-def _read_jsonl(file: Path, limit: int | None) -> list[_Row]:
-    rows: list[_Row] = []
-    with file.open() as f:
-        for line, text in enumerate(f, start=1):
-            if limit is not None and len(rows) >= limit:
-                break
-            if not text.strip():
-                continue
-            where = f"workload.trace = '{file}' line {line}"
-            try:
-                record = json.loads(text)
-                stamp_s = float(record["timestamp"]) * _MS_TO_S
-                prompt, output = int(record["input_length"]), int(record["output_length"])
-                hashes = tuple(int(h) for h in record.get("hash_ids", ()))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise WorkloadError(
-                    f"{where}: needs JSON with numeric timestamp (ms), input_length, output_length "
-                    f"[, hash_ids]: {exc!r}"
-                ) from None
-            session = record.get("session_id", record.get("chat_id"))
-            rows.append((stamp_s, prompt, output, None if session is None else int(session), hashes,
-                         MOONCAKE_BLOCK_TOKENS))
-    return rows
