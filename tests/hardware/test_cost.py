@@ -41,7 +41,7 @@ def test_gemm_reproduces_mamf_best_shape(name: str, shape: tuple[int, int, int],
     assert predicted <= published_tflops * 1.0001  # MAMF is the best of a sweep: the model must not beat it
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)  # deterministic CI
 @given(m=st.integers(1, 40000), n=st.integers(1, 40000), k=st.integers(1, 40000), batch=st.integers(1, 8))
 def test_gemm_never_exceeds_max_achievable(m: int, n: int, k: int, batch: int) -> None:
     gpu = get_gpu("a100-sxm-80gb")
