@@ -145,19 +145,25 @@ class Replica:
         if not self._wakeup.triggered:
             self._wakeup.succeed()
 
+    def _idle(self):  # type: ignore[no-untyped-def]
+        """A fresh wake-up event for the loop to wait on (``kick`` triggers it)."""
+        self._wakeup = self.env.event()
+        return self._wakeup
+
+    def _swap_s(self, plan: StepPlan) -> float:
+        """PCIe time of the blocks the step swaps in or out (0 without swapping)."""
+        swapped = plan.swapped_in_blocks + plan.swapped_out_blocks
+        return self.swap_time_s(swapped) if swapped else 0.0
+
     def _run(self):  # type: ignore[no-untyped-def]
         env, scheduler = self.env, self.scheduler
         while True:
             plan = scheduler.schedule(env.now) if scheduler.has_work() else None
             if plan is None or plan.empty:
-                self._wakeup = env.event()
-                yield self._wakeup
+                yield self._idle()
                 continue
             start = env.now
-            duration = self.step_cost(plan)
-            swapped = plan.swapped_in_blocks + plan.swapped_out_blocks
-            if swapped:
-                duration += self.swap_time_s(swapped)
+            duration = self.step_cost(plan) + self._swap_s(plan)
             yield env.timeout(duration)
             self.busy_s += duration
             self.steps += 1
@@ -179,19 +185,15 @@ class Replica:
         stage_free_s = [0.0] * stages  # when each stage finishes the last batch it was given
         while True:
             if self.in_flight >= self.depth:
-                self._wakeup = env.event()
-                yield self._wakeup
+                yield self._idle()
                 continue
             plan = scheduler.schedule(env.now) if scheduler.has_work() else None
             if plan is None or plan.empty:
-                self._wakeup = env.event()
-                yield self._wakeup
+                yield self._idle()
                 continue
             start = env.now
             host_s, stage_s, hop_s = self.stage_cost(plan)  # type: ignore[misc]
-            swapped = plan.swapped_in_blocks + plan.swapped_out_blocks
-            if swapped:
-                host_s += self.swap_time_s(swapped)
+            host_s += self._swap_s(plan)
             begin = start + host_s  # stage 0 is free: this loop issues a batch only then
             end = begin + stage_s
             stage_free_s[0] = end

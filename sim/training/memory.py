@@ -427,31 +427,6 @@ def memory_per_stage(
     )
 
 
-def peak_memory_stages(
-    kinds: tuple[StageMemoryClass, ...],
-    stage_class: tuple[int, ...],
-    plan: ParallelPlan,
-    num_microbatches: int,
-    *,
-    capacity_bytes: float,
-    first_stages: tuple[int, ...] | None = None,
-) -> tuple[MemoryBreakdown, ...]:
-    """The breakdown of the first stage of every class, in stage order: in-flight micro-batches never
-    grow with the stage index (``inflight_microbatches``), so within a class the first stage holds
-    the most, and the largest total, the first stage reaching it, whether all fit and the largest
-    shortfall over these equal those over ``memory_per_stage``. ``first_stages``: the first stage of
-    each class, when the caller has them (``stage_class.index(k)`` for every class k)."""
-    if first_stages is None:
-        first_stages = tuple(stage_class.index(k) for k in range(len(kinds)))
-    # classes are numbered in order of first appearance, so class order is stage order
-    return tuple(
-        kinds[k].breakdown(
-            stage=stage, inflight=inflight_microbatches(plan, num_microbatches, stage), capacity_bytes=capacity_bytes
-        )
-        for k, stage in enumerate(first_stages)
-    )
-
-
 def peak_stage_memory(
     kinds: tuple[StageMemoryClass, ...],
     stage_class: tuple[int, ...],
@@ -463,8 +438,10 @@ def peak_stage_memory(
 ) -> MemoryBreakdown:
     """The breakdown of the first stage reaching the largest total over ``memory_per_stage``: what a
     plan search reads (largest total; with one capacity for all stages it fits iff this stage fits,
-    and its shortfall is the largest, since x - capacity is monotone in x). Compares the totals of
-    ``peak_memory_stages``'s candidates and builds only the winner's breakdown."""
+    and its shortfall is the largest, since x - capacity is monotone in x). In-flight micro-batches
+    never grow with the stage index (``inflight_microbatches``), so within a class its first stage
+    holds the most: it compares the totals of each class's first stage (``first_stages``, when the
+    caller has them: ``stage_class.index(k)`` for every class k) and builds only the winner's breakdown."""
     if first_stages is None:
         first_stages = tuple(stage_class.index(k) for k in range(len(kinds)))
     best_stage = best_kind = -1

@@ -10,7 +10,7 @@ from sim.training.analytic import analytic_iteration_classes, finish_iteration, 
 from sim.training.config import parse_training
 from sim.training.estimate import estimate_training
 from sim.training.iteration import build_iteration_classes, stage_layout
-from sim.training.memory import peak_memory_stages, stage_memory_class
+from sim.training.memory import peak_stage_memory, stage_memory_class
 from sim.training.pricing_cache import PricingCache
 from sim.training.run import simulate_training, training_metrics
 from workloads.plan import ParallelPlan, TrainingJob
@@ -55,10 +55,10 @@ def test_first_stages_of_memory_classes() -> None:
     )
     m = setup.num_microbatches
     capacity = setup.cluster.gpu.hbm_capacity_bytes
-    given = peak_memory_stages(kinds, layout.memory_class, plan, m, capacity_bytes=capacity,
-                               first_stages=layout.memory_first_stage)
-    assert given == peak_memory_stages(kinds, layout.memory_class, plan, m, capacity_bytes=capacity)
-    assert [b.stage for b in given] == list(layout.memory_first_stage)
+    given = peak_stage_memory(kinds, layout.memory_class, plan, m, capacity_bytes=capacity,
+                              first_stages=layout.memory_first_stage)
+    assert given == peak_stage_memory(kinds, layout.memory_class, plan, m, capacity_bytes=capacity)
+    assert given.stage in layout.memory_first_stage
 
 
 def test_training_metrics_is_the_result_metrics() -> None:
