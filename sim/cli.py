@@ -60,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("-v", "--verbose", action="store_true")
     _add_format(simulate)
 
+    search = commands.add_parser("search", help="search plans, serving fleets or offload placements ([search] in the config)")
+    search.add_argument("config", help="TOML file with [model], [cluster] and [search] (plus [training] or [workload]/[slo])")
+    search.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (dotted), repeatable")
+    search.add_argument("--top", type=int, metavar="K", help="candidates re-ranked with the DES (default: [search] top_k, else 10)")
+    search.add_argument("--workers", type=int, metavar="N", help="local worker processes (default: all cores)")
+    search.add_argument("--dask", metavar="ADDRESS", help="evaluate candidates on this dask.distributed scheduler")
+    search.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    search.add_argument("--out", metavar="DIR", help="write candidates, Pareto set, plots and the best config here")
+    search.add_argument("-v", "--verbose", action="store_true")
+    _add_format(search)
+
     validate = commands.add_parser("validate", help="compare predictions with the bundled published results")
     validate.add_argument("--suite", choices=("training", "serving", "all"), default="all")
     validate.add_argument("--fidelity", choices=("analytic", "des"), default="des")
@@ -155,6 +166,37 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- search ---------------------------------------------------------------------------------------
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from search.executor import default_workers
+    from search.run import SearchOptions, run_search
+    from sim.config import load_config
+
+    config = load_config(args.config, args.set)
+    options = SearchOptions(
+        top_k=args.top,
+        workers=args.workers if args.workers is not None else default_workers(),
+        dask_address=args.dask,
+        seed=args.seed,
+        verbose=args.verbose,
+        config_dir=Path(args.config).resolve().parent,
+    )
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    result = run_search(config, options)
+    if args.format == "json":
+        print(json.dumps(result.to_json()))
+    else:
+        print(result.table())
+    if out_dir is not None:
+        result.write_outputs(out_dir)
+        _write_run_json(out_dir, config, args.seed, "search")
+    return 0 if result.feasible else 1
+
+
 # ---- validate -------------------------------------------------------------------------------------
 
 
@@ -172,6 +214,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "catalog": _cmd_catalog,
     "simulate": _cmd_simulate,
+    "search": _cmd_search,
     "validate": _cmd_validate,
 }
 

@@ -27,7 +27,7 @@ ALLOWED_THIRD_PARTY = {
     "hardware": {"numpy", "scipy", "networkx"},
     "workloads": {"numpy", "networkx"},
     "sim": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib"},
-    "search": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib", "pulp", "highspy", "dask", "distributed"},
+    "search": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib", "pulp", "highspy", "dask", "distributed", "tqdm"},
     "validation": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib", "torch", "pyarrow"},
 }
 

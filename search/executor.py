@@ -1,0 +1,78 @@
+"""Where candidate batches are evaluated: in this process, on a local process pool, or on a
+dask.distributed cluster (the ``cluster`` extra). Results come back in input order whatever the
+executor and worker count, so a search gives the same answer byte for byte on any of them."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+
+from sim.errors import ConfigError
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def default_workers() -> int:
+    """All cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def batches(items: Sequence[Item], size: int) -> list[Sequence[Item]]:
+    """``items`` cut into consecutive slices of at most ``size``."""
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def map_batches(
+    function: Callable[[Sequence[Item]], list[Result]],
+    work: Sequence[Sequence[Item]],
+    *,
+    workers: int = 1,
+    dask_address: str | None = None,
+    on_done: Callable[[int], None] | None = None,
+) -> list[list[Result]]:
+    """``[function(batch) for batch in work]``, evaluated serially (``workers == 1``), on a process
+    pool of ``workers`` processes, or on the dask scheduler at ``dask_address``; in input order.
+    ``on_done(n)`` is called with each finished batch's length (a progress bar's update)."""
+    if workers < 1:
+        raise ConfigError(f"--workers {workers} must be a positive integer")
+    if dask_address is not None:
+        return _map_dask(function, work, dask_address, on_done)
+    if workers == 1 or len(work) <= 1:
+        return list(_tracked(map(function, work), work, on_done))
+    with ProcessPoolExecutor(max_workers=min(workers, len(work))) as pool:
+        return list(_tracked(pool.map(function, work), work, on_done))
+
+
+def _tracked(
+    results: Iterable[list[Result]], work: Sequence[Sequence[Item]], on_done: Callable[[int], None] | None
+) -> Iterator[list[Result]]:
+    for batch, result in zip(work, results):
+        if on_done is not None:
+            on_done(len(batch))
+        yield result
+
+
+def _map_dask(
+    function: Callable[[Sequence[Item]], list[Result]],
+    work: Sequence[Sequence[Item]],
+    address: str,
+    on_done: Callable[[int], None] | None,
+) -> list[list[Result]]:
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise ConfigError(
+            f"--dask {address}: dask.distributed is not installed; pip install 'llmsim[cluster]'"
+        ) from None
+    try:
+        client = Client(address, timeout="10s")
+    except (OSError, TimeoutError) as exc:
+        raise ConfigError(f"--dask {address}: cannot reach the dask scheduler ({exc})") from None
+    with client:
+        futures = client.map(function, list(work), pure=False)
+        return list(_tracked((future.result() for future in futures), work, on_done))
