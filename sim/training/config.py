@@ -12,7 +12,7 @@ from sim.errors import ConfigError
 from sim.stacks import resolve_settings
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
-from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, stage_layer_counts
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
@@ -30,6 +30,7 @@ PARALLEL_KEYS = (
     "schedule",
     "virtual_stages",
     "recompute",
+    "recompute_layers",
     "layers_per_stage",
     "tp_comm_overlap",
     "dp_comm_overlap",
@@ -157,6 +158,7 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
         raise ConfigError(f"[parallel] layers_per_stage = {layers!r} must be a list of integers")
     plan = ParallelPlan(
+        recompute_layers=_recompute_layers(parallel, pp),
         tp=tp,
         pp=pp,
         dp=dp,
@@ -194,6 +196,20 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     )
 
 
+def _recompute_layers(parallel: Mapping[str, Any], pp: int) -> tuple[int, ...]:
+    """``[parallel] recompute_layers``: an int for every stage or a list with one entry per stage."""
+    value = parallel.get("recompute_layers", 0)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"[parallel] recompute_layers = {value} must be >= 0")
+        return (value,) * pp if value else ()
+    if isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        if len(value) != pp:
+            raise ConfigError(f"[parallel] recompute_layers = {value} has {len(value)} entries; needs pp = {pp} (one per stage)")
+        return tuple(value) if any(value) else ()
+    raise ConfigError(f"[parallel] recompute_layers = {value!r} must be an integer or a list of integers (one per stage)")
+
+
 def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan) -> None:
     """The divisibility rules Megatron-LM enforces, each reported with its values."""
     if plan.world_size != cluster.num_gpus:
@@ -214,6 +230,7 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
         if width % plan.tp:
             raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of model {model.name}")
     stage_layer_counts(model.layers, plan)
+    chunk_recompute_counts(model.layers, plan)
     if plan.ep > 1:
         if not model.is_moe:
             raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
