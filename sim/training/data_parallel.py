@@ -108,8 +108,8 @@ def grad_sync_work(
     ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
     all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
     inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
-    fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
-    fp16 for fp16 training. All full buckets have one size, so they are priced once.
+    ``setup.grad_reduce_dtype`` (the stack's rule: fp32 for bf16/fp8 training as Megatron's main grads,
+    16-bit for fp16; bf16 with --grad-reduce-in-bf16). All full buckets have one size, so they are priced once.
     """
     return grad_sync_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
 
@@ -123,7 +123,7 @@ def grad_sync_for_parameters(
     group = links["dp"]
     if group.size <= 1:
         return ()
-    grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
+    grad_bytes = setup.grad_reduce_bytes
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     shard = links["dp_shard"].size if plan.hsdp else group.size

@@ -80,6 +80,7 @@ def training_metrics(
         "num_microbatches": setup.num_microbatches,
         "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
         "fidelity": fidelity,
+        "framework": setup.framework,
     }
 
 
