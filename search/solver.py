@@ -7,9 +7,12 @@ Models use PuLP 3's API (``problem.add_variable``, ``problem.constraints()``). E
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import pulp
 
@@ -57,7 +60,7 @@ def solve(problem: pulp.LpProblem, *, solver: str | None = None, time_limit_s: f
     options: dict[str, object] = {"msg": False}
     if time_limit_s is not None:
         options["timeLimit"] = time_limit_s
-    with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC in favour of COIN_CMD
+    with warnings.catch_warnings(), _quiet_stdout():  # PuLP 3 deprecates its bundled CBC in favour of COIN_CMD
         warnings.simplefilter("ignore", DeprecationWarning)
         problem.solve(pulp.getSolver(name, **options))
     status = pulp.LpStatus[problem.status]
@@ -67,6 +70,26 @@ def solve(problem: pulp.LpProblem, *, solver: str | None = None, time_limit_s: f
     if status == "Infeasible":
         return Solution(status=status, solver=name, objective=None, values={})
     raise SolverError(f"{name} returned status '{status}' for problem '{problem.name}'")
+
+
+@contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence file descriptor 1 while a solver runs: HiGHS prints its banner from C on the first
+    solve of a process whatever ``msg`` says, which would break ``--format json`` on stdout."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # stdout replaced (pytest capture): nothing to guard
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def check_constraints(problem: pulp.LpProblem, solution: Solution, tolerance: float = 1e-6) -> list[str]:

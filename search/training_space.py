@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -18,7 +19,8 @@ from typing import Any, Mapping, NamedTuple, Sequence
 from sim.config import reject_unknown_keys, resolve_cluster, section
 from sim.errors import ConfigError
 from sim.training.config import TrainingSetup, parse_training, validate_plan
-from workloads.plan import RECOMPUTE, SCHEDULES, TrainingJob
+from workloads.errors import InvalidPlanError
+from workloads.plan import RECOMPUTE, SCHEDULES, ParallelPlan, TrainingJob
 
 # [search] keys of the training goal besides the [parallel] axes below
 GOAL_KEYS = (
@@ -74,6 +76,7 @@ class Context:
     num_gpus: int
     price_per_gpu_hour_usd: float | None
     price_source: str | None
+    capacity_bytes: float  # HBM of one GPU
     config: dict[str, Any]  # the user's config with this [cluster], no [search]
 
 
@@ -114,10 +117,10 @@ def _positive(search: Mapping[str, Any], key: str) -> float | None:
 def parse_space(config: Mapping[str, Any]) -> TrainingSpace:
     """``[search]`` of a training search, checked key by key."""
     search = section(config, "search")
-    reject_unknown_keys(search, "search", GOAL_KEYS + AXES)
     for key in DERIVED:
         if key in search:
             raise ConfigError(f"[search] {key}: the planner chooses it; remove the key")
+    reject_unknown_keys(search, "search", GOAL_KEYS + AXES)
     objective = search.get("objective", "throughput")
     if objective not in OBJECTIVES:
         raise ConfigError(f"[search] objective = {objective!r} must be one of {', '.join(OBJECTIVES)}")
@@ -189,7 +192,7 @@ def _contexts(config: Mapping[str, Any], search: Mapping[str, Any], objective: s
                     f"give [search] prices_per_hour = {{ \"{gpu}\" = DOLLARS_PER_GPU_HOUR }}"
                 )
             contexts.append(Context(gpu=gpu, num_gpus=num_gpus, price_per_gpu_hour_usd=price, price_source=source,
-                                    config=context_config))
+                                    capacity_bytes=spec.hbm_capacity_bytes, config=context_config))
     return tuple(contexts)
 
 
@@ -201,6 +204,8 @@ def context_setup(context: Context) -> TrainingSetup:
     parallel = {k: v for k, v in section(config, "parallel", required=False).items()
                 if k not in AXES + DERIVED + ("virtual_stages",)}
     config["parallel"] = dict(parallel, tp=1, pp=1, cp=1, dp="auto")
+    # a batch the trivial plan divides (each candidate brings its own job)
+    config["training"] = dict(section(config, "training"), global_batch=context.num_gpus, micro_batch=1)
     return parse_training(config)
 
 
@@ -240,10 +245,22 @@ def virtual_stage_values(layers: int, pp: int, listed: tuple[int, ...] | None) -
     return (1,) + tuple(v for v in range(2, per_stage + 1) if per_stage % v == 0)
 
 
-def micro_batch_values(global_batch: int, listed: tuple[int, ...] | None) -> tuple[int, ...]:
+def micro_batch_values(global_batch: int, dp: int, listed: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The listed micro-batches, else every one that splits the batch evenly over the dp replicas
+    (all divisors of the global batch when dp does not divide it: validation then names the rule)."""
     if listed is not None:
         return listed
-    return tuple(d for d in range(1, global_batch + 1) if global_batch % d == 0)
+    per_replica = global_batch // dp if global_batch % dp == 0 else global_batch
+    return tuple(d for d in range(1, per_replica + 1) if per_replica % d == 0)
+
+
+def takes_virtual_stages(schedule: str) -> bool:
+    """Whether the simulator's plan validation lets ``schedule`` run several chunks per GPU."""
+    try:
+        ParallelPlan(pp=2, schedule=schedule, virtual_stages=2)
+    except InvalidPlanError:
+        return False
+    return True
 
 
 def enumerate_candidates(space: TrainingSpace, bases: Sequence[TrainingSetup]) -> tuple[list[Candidate], dict[str, int]]:
@@ -254,64 +271,83 @@ def enumerate_candidates(space: TrainingSpace, bases: Sequence[TrainingSetup]) -
     for index, (context, base) in enumerate(zip(space.contexts, bases)):
         values = default_axes(space, base)
         n = context.num_gpus
-        combos = 0
+        # with "auto" virtual stages, schedules the simulator runs with one chunk per GPU get v = 1 only
+        chunked = {s: space.axes["virtual_stages"] is not None or takes_virtual_stages(s) for s in values["schedule"]}
         for gb in space.global_batches:
-            mbs = micro_batch_values(gb, space.micro_batches)
             for tp in values["tp"]:
                 sps = values["sequence_parallel"] if space.axes["sequence_parallel"] is not None else (tp > 1,)
                 for pp in values["pp"]:
                     vs = virtual_stage_values(base.model.layers, pp, space.axes["virtual_stages"])
+                    schedules = [(s, v) for s in values["schedule"] for v in (vs if chunked[s] else (1,))]
                     for cp in values["cp"]:
-                        shape = len(vs) * len(mbs) * len(values["ep"]) * len(values["zero"]) * len(values["schedule"]) \
-                            * len(values["recompute"]) * len(sps) * len(values["offload"]) * len(values["hsdp"]) \
-                            * len(values["tp_comm_overlap"]) * len(values["cp_comm"])
                         if space.max_gpus is not None and n > space.max_gpus:
-                            pruned["max_gpus"] = pruned.get("max_gpus", 0) + shape
-                            continue
-                        if n % (tp * pp * cp):
+                            rule = f"num_gpus must be <= [search] max_gpus = {space.max_gpus}"
+                        elif n % (tp * pp * cp):
                             rule = "tp x pp x cp must divide num_gpus (dp = num_gpus / (tp x pp x cp))"
-                            pruned[rule] = pruned.get(rule, 0) + shape
+                        else:
+                            rule = ""
+                        mbs = micro_batch_values(gb, max(1, n // (tp * pp * cp)), space.micro_batches)
+                        rest = list(itertools.product(
+                            values["ep"], values["zero"], schedules, mbs, values["recompute"], sps, values["offload"],
+                            values["hsdp"], values["tp_comm_overlap"], values["cp_comm"],
+                        ))
+                        if rule:
+                            pruned[rule] = pruned.get(rule, 0) + len(rest)
                             continue
-                        combos += shape
-                        for ep in values["ep"]:
-                            for zero in values["zero"]:
-                                for schedule in values["schedule"]:
-                                    for v in vs:
-                                        for mb in mbs:
-                                            for recompute in values["recompute"]:
-                                                for sp in sps:
-                                                    for offload in values["offload"]:
-                                                        for hsdp in values["hsdp"]:
-                                                            for overlap in values["tp_comm_overlap"]:
-                                                                for cp_comm in values["cp_comm"]:
-                                                                    out.append(Candidate(
-                                                                        index, gb, mb, tp, pp, cp, ep, zero, schedule, v,
-                                                                        recompute, sp, offload, hsdp, overlap, cp_comm,
-                                                                    ))
+                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm in rest:
+                            out.append(Candidate(
+                                index, gb, mb, tp, pp, cp, ep, zero, schedule, v, recompute, sp, offload, hsdp,
+                                overlap, cp_comm,
+                            ))
     return out, pruned
 
 
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(\.\d+)?(?![\w])")
+_NUMBER = re.compile(r"(?<![\w.-])-?\d+(\.\d+)?(?![\w.])")
 
 
-def rule_of(message: str) -> str:
+def rule_of(message: str, memo: dict[str, str] | None = None) -> str:
     """A validation message with its numbers replaced by N: the rule it states."""
-    return _NUMBER.sub("N", message)
+    if memo is None:
+        return _NUMBER.sub("N", message)
+    rule = memo.get(message)
+    if rule is None:
+        rule = memo[message] = _NUMBER.sub("N", message)
+    return rule
+
+
+class SetupBuilder:
+    """Builds candidates of one context as the simulator's setups, validated by the simulator's
+    rules (``ParallelPlan`` and ``validate_plan`` raise InvalidPlanError with the rule broken).
+    The context's plan and setup fields are read once; each candidate only sets its own."""
+
+    def __init__(self, base: TrainingSetup) -> None:
+        self.base = base
+        self._plan = {f.name: getattr(base.plan, f.name) for f in dataclasses.fields(base.plan)}
+        self._setup = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        self._jobs: dict[tuple[int, int], TrainingJob] = {}
+
+    def job(self, global_batch: int, micro_batch: int) -> TrainingJob:
+        job = self._jobs.get((global_batch, micro_batch))
+        if job is None:
+            base = self.base.job
+            job = self._jobs[(global_batch, micro_batch)] = dataclasses.replace(
+                base, global_batch=global_batch, micro_batch=micro_batch)
+        return job
+
+    def __call__(self, candidate: Candidate) -> TrainingSetup:
+        base = self.base
+        values = dict(self._plan, dp=base.cluster.num_gpus // (candidate.tp * candidate.pp * candidate.cp))
+        for name in PLAN_FIELDS:
+            values[name] = getattr(candidate, name)
+        plan = type(base.plan)(**values)
+        job = self.job(candidate.global_batch, candidate.micro_batch)
+        validate_plan(base.model, base.cluster, job, plan)
+        return type(base)(**dict(self._setup, job=job, plan=plan))
 
 
 def build_setup(base: TrainingSetup, candidate: Candidate) -> TrainingSetup:
-    """The candidate as the simulator's setup, validated by the simulator's rules (raises
-    InvalidPlanError with the rule it breaks)."""
-    dp = base.cluster.num_gpus // (candidate.tp * candidate.pp * candidate.cp)
-    plan = dataclasses.replace(
-        base.plan, dp=dp, **{name: getattr(candidate, name) for name in PLAN_FIELDS}
-    )
-    job = TrainingJob(
-        seq_len=base.job.seq_len, global_batch=candidate.global_batch, micro_batch=candidate.micro_batch,
-        precision=base.job.precision, optimizer=base.job.optimizer,
-    )
-    validate_plan(base.model, base.cluster, job, plan)
-    return dataclasses.replace(base, job=job, plan=plan)
+    """``SetupBuilder(base)(candidate)`` for a single candidate."""
+    return SetupBuilder(base)(candidate)
 
 
 def candidate_config(context: Context, candidate: Candidate) -> dict[str, Any]:
