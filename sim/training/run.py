@@ -78,6 +78,7 @@ def training_metrics(
         "model_flops_per_s_per_gpu": model_flops / seconds / gpus,
         "mfu": model_flops / (seconds * gpus * peak),
         "hfu": (model_flops + recompute_flops) / (seconds * gpus * peak),
+        "mfu_peak_precision": job.precision,
         "bubble_fraction": estimate.bubble_fraction,
         "exposed_communication_s": {axis: exposed.get(axis, 0.0) for axis in AXES},
         "peak_memory_bytes": worst.total_bytes,
@@ -126,7 +127,15 @@ class TrainingResult:
         m = self.metrics()
         setup = self.setup
         plan = setup.plan
-        lines = [
+        fits = m["fits_in_memory"]
+        worst = max(self.memory, key=lambda b: b.shortfall_bytes)
+        header = [] if fits else [
+            f"DOES NOT FIT: stage {worst.stage} needs {worst.total_bytes / units.GiB:.2f} GiB per GPU of "
+            f"{worst.capacity_bytes / units.GiB:.0f} GiB (short {worst.shortfall_bytes / units.GiB:.2f} GiB); "
+            "the throughput below is what the plan would reach if it fitted",
+        ]
+        tag = "" if fits else "  (if it fitted)"
+        lines = header + [
             f"model {setup.model.name} on {setup.cluster.num_gpus} x {setup.cluster.gpu.name} "
             f"({setup.cluster.node.name}, {setup.cluster.network.name})",
             f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}  zero {plan.zero}  "
@@ -135,14 +144,16 @@ class TrainingResult:
             f"{f' (full on {list(plan.recompute_layers)} layers per stage)' if plan.recompute_layers else ''}"
             f"  micro-batches {m['num_microbatches']}  fidelity {m['fidelity']}",
             "",
-            f"iteration time        {m['iteration_time_s']:.4f} s",
-            f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU)",
-            f"model TFLOP/s per GPU {m['model_flops_per_s_per_gpu'] / units.TFLOPS:.1f}",
-            f"MFU / HFU             {m['mfu']:.1%} / {m['hfu']:.1%}",
+            f"iteration time        {m['iteration_time_s']:.4f} s{tag}",
+            f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU){tag}",
+            f"model TFLOP/s per GPU {m['model_flops_per_s_per_gpu'] / units.TFLOPS:.1f}{tag}",
+            f"MFU / HFU             {m['mfu']:.1%} / {m['hfu']:.1%}  "
+            f"(of the {setup.job.precision} dense peak, {setup.cluster.gpu.peak(setup.job.precision) / units.TFLOPS:,.0f} TFLOP/s){tag}",
             f"bubble fraction       {m['bubble_fraction']:.1%}",
             "exposed comm (s)      " + "  ".join(f"{a} {m['exposed_communication_s'][a]:.4f}" for a in AXES),
             "",
             "memory per GPU (GiB)  stage  weights  grads  optim  activ  other  total / capacity",
+            "  (other: NCCL buffers, cuBLAS workspace, CUDA context and allocator reserve, logits, recompute and gather buffers)",
         ]
         for b in self.memory:
             lines.append(
@@ -208,9 +219,9 @@ class TrainingResult:
         paths = [out_dir / "stages.csv", out_dir / "ops.csv", out_dir / "metrics.json"]
         self.stage_frame().to_csv(paths[0], index=False)
         self.op_frame().to_csv(paths[1], index=False)
-        import json
+        from sim.jsonout import dumps
 
-        paths[2].write_text(json.dumps(self.metrics(), indent=2) + "\n")
+        paths[2].write_text(dumps(self.metrics(), indent=2) + "\n")
         if self.events:
             from sim.training.trace import plot_pipeline_timeline
 
