@@ -1,18 +1,20 @@
 """``[serving]`` (with ``[serving.disaggregated]`` and ``[serving.speculative]``): validated, frozen.
 
 Defaults follow vLLM's engine arguments (max_num_seqs 256, block_size 16, gpu_memory_utilization
-0.9, swap_space 4 GiB per GPU) unless noted. CPU overheads default to the BLIS "trained-physics"
-bundled coefficients fitted on H100 vLLM traces: 126 us per step (beta7) and 4 us per request in the
-batch (beta6) (../shared/reference/formulas.md, Serving / Step time).
+0.9, swap_space 4 GiB per GPU) unless noted. CPU overheads and the decode-attention kernel come from
+the software-stack profile ``framework`` (sim/stacks/serving/; default "vllm": the BLIS
+"trained-physics" coefficients fitted on H100 vLLM traces, 126 us per step and 4 us per request in
+the batch, ../shared/reference/formulas.md, Serving / Step time); the config's keys override them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hardware.units import GiB, us
 from sim.errors import ConfigError
+from sim.stacks import get_stack, resolve_settings
 from sim.serving.schedulers import PREEMPTION_MODES
 from workloads.model import ModelSpec
 from workloads.precision import BYTES_PER_ELEMENT
@@ -27,7 +29,7 @@ SERVING_KEYS = (
     "tp", "pp", "ep", "scheduler", "weight_precision", "kv_precision", "max_num_seqs", "max_batched_tokens",
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
-    "max_model_len", "disaggregated", "speculative",
+    "max_model_len", "disaggregated", "speculative", "framework", "decode_attention",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -41,9 +43,10 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_SWAP_SPACE_GIB = 4.0
 # Sarathi-Serve's token budget for Mistral-7B / A100 (paper: 512 for the strict SLO setting).
 DEFAULT_CHUNK_SIZE = 512
-# BLIS trained-physics coefficients (formulas.md): beta7 = 126 us per step, beta6 = 4 us per request.
-DEFAULT_STEP_OVERHEAD_US = 126.0
-DEFAULT_REQUEST_OVERHEAD_US = 4.0
+# The default stack's CPU overheads (sim/stacks/serving/vllm.toml: BLIS beta7 per step, beta6 per request).
+_DEFAULT_STACK = get_stack("serving", None).settings
+DEFAULT_STEP_OVERHEAD_US = float(_DEFAULT_STACK["step_overhead_us"])
+DEFAULT_REQUEST_OVERHEAD_US = float(_DEFAULT_STACK["request_overhead_us"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,12 +93,18 @@ class ServingSpec:
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_US * us
     request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_US * us
     max_model_len: int | None = None  # None: the model's max_seq_len
+    framework: str = "vllm"  # the software-stack profile (sim/stacks/serving/)
+    decode_attention: str = "shared_kv"  # the stack's decode-attention kernel rule (see sim.serving.stepcost)
     disaggregated: DisaggregatedSpec | None = None
     speculative: SpeculativeSpec | None = None
+    compute_precision: str | None = None  # 16-bit activation format when the GPU forces one (no bf16)
 
     @property
     def activation_precision(self) -> str:
-        """Activations (and the attention kernel's Q/O) run in fp16 when the weights are fp16, else bf16."""
+        """Activations (and the attention kernel's Q/O) run in fp16 when the weights are fp16, else bf16
+        (fp16 on a GPU without bf16: see ``fit_precisions``)."""
+        if self.compute_precision is not None:
+            return self.compute_precision
         return "fp16" if self.weight_precision == "fp16" else "bf16"
 
 
@@ -140,7 +149,10 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     for key in ("weight_precision", "kv_precision"):
         if key in table and table[key] not in BYTES_PER_ELEMENT:
             raise ConfigError(f"serving.{key} = {table[key]!r}; allowed: {', '.join(BYTES_PER_ELEMENT)}")
+    stack, settings = resolve_settings("serving", {"serving": table})
     spec: dict[str, Any] = dict(
+        framework=stack.name,
+        decode_attention=settings["decode_attention"],
         tp=_int(table, "tp", w, 1),
         pp=_int(table, "pp", w, 1),
         ep=_int(table, "ep", w, 1),
@@ -158,8 +170,8 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         chunked_prefill=_bool(table, "chunked_prefill", w, True),
         preemption_mode=_choice(table, "preemption_mode", w, "recompute", PREEMPTION_MODES),
         swap_space_bytes=_float(table, "swap_space_GiB", w, DEFAULT_SWAP_SPACE_GIB, 0.0, 1e6) * GiB,
-        step_overhead_s=_float(table, "step_overhead_us", w, DEFAULT_STEP_OVERHEAD_US, 0.0, 1e9) * us,
-        request_overhead_s=_float(table, "request_overhead_us", w, DEFAULT_REQUEST_OVERHEAD_US, 0.0, 1e9) * us,
+        step_overhead_s=settings["step_overhead_us"] * us,
+        request_overhead_s=settings["request_overhead_us"] * us,
     )
     if "max_model_len" in table:
         spec["max_model_len"] = _int(table, "max_model_len", w, 1)
@@ -243,3 +255,63 @@ def _parse_speculative(table: Any) -> SpeculativeSpec:
         draft_model=table.get("draft_model") if method == "draft" else None,
         draft_free_overhead=_float(table, "draft_free_overhead", w, 0.0, 0.0, 10.0),
     )
+
+
+def serving_gpus(spec: ServingSpec) -> int:
+    """GPUs the serving layout occupies (every pool, every replica)."""
+    if spec.scheduler == "disaggregated" and spec.disaggregated is not None:
+        d = spec.disaggregated
+        return (d.prefill_replicas * d.prefill_tp + d.decode_replicas * d.decode_tp) * spec.pp
+    return spec.replicas * gpus_per_replica(spec)
+
+
+def resolve_replicas(spec: ServingSpec, table: Mapping[str, Any], num_gpus: Any) -> tuple[ServingSpec, bool]:
+    """The one rule tying ``[cluster] num_gpus`` to the replicas (docs/configuration.md, [serving]):
+    without ``replicas``, num_gpus / (tp x ep x pp) replicas run; a num_gpus the layout cannot use
+    exactly is an error. Returns the spec with ``replicas`` resolved and whether it was derived."""
+    if num_gpus is None:
+        return spec, False
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
+        raise ConfigError(f"[cluster] num_gpus = {num_gpus!r} must be a positive integer")
+    per_replica = gpus_per_replica(spec)
+    derived = False
+    if spec.scheduler != "disaggregated" and "replicas" not in table:
+        if num_gpus % per_replica:
+            raise ConfigError(
+                f"[cluster] num_gpus = {num_gpus} is not a multiple of the {per_replica} GPUs of one replica "
+                f"(tp {spec.tp} x ep {spec.ep} x pp {spec.pp}); use a multiple of {per_replica} or set serving.replicas"
+            )
+        spec = replace(spec, replicas=num_gpus // per_replica)
+        derived = True
+    needed = serving_gpus(spec)
+    if num_gpus > needed:
+        layout = (
+            f"{spec.disaggregated.prefill_replicas} prefill x tp {spec.disaggregated.prefill_tp} + "  # type: ignore[union-attr]
+            f"{spec.disaggregated.decode_replicas} decode x tp {spec.disaggregated.decode_tp}, pp {spec.pp}"  # type: ignore[union-attr]
+            if spec.scheduler == "disaggregated"
+            else f"{spec.replicas} replicas x tp {spec.tp} x ep {spec.ep} x pp {spec.pp}"
+        )
+        raise ConfigError(
+            f"[cluster] num_gpus = {num_gpus} but the serving layout ({layout}) uses {needed}: "
+            f"set num_gpus = {needed}, or add replicas to use the other {num_gpus - needed}"
+        )
+    return spec, derived
+
+
+def fit_precisions(spec: ServingSpec, table: Mapping[str, Any], gpu: Any) -> ServingSpec:
+    """Weight, KV and activation formats the GPU can run: a default it lacks (bf16 on V100 / T4)
+    becomes fp16 with a warning; a weight precision the user gave and the GPU lacks is an error."""
+    from sim.config import supported_precision
+
+    changes: dict[str, Any] = {}
+    if spec.weight_precision in ("bf16", "fp16", "fp8"):
+        weight = supported_precision(spec.weight_precision, gpu, "serving.weight_precision",
+                                     given="weight_precision" in table)
+        if weight != spec.weight_precision:
+            changes["weight_precision"] = weight
+    activation = replace(spec, **changes).activation_precision
+    if activation not in gpu.peak_flops_per_s:
+        changes["compute_precision"] = supported_precision(activation, gpu, "serving activations", given=False)
+    if spec.kv_precision == "bf16" and "kv_precision" not in table and "bf16" not in gpu.peak_flops_per_s:
+        changes["kv_precision"] = "fp16"
+    return replace(spec, **changes) if changes else spec

@@ -3,17 +3,22 @@ and the values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hardware.topology import Cluster
-from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section
+from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section, supported_precision
 from sim.errors import ConfigError
+from sim.notices import warn
+from sim.stacks import resolve_settings
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, stage_layer_counts
 
-TRAINING_KEYS = ("seq_len", "global_batch", "micro_batch", "precision", "optimizer", "attention_kernel")
+TRAINING_KEYS = (
+    "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
+    "grad_reduce_dtype", "main_grad_accumulation",
+)
 PARALLEL_KEYS = (
     "tp",
     "pp",
@@ -36,6 +41,8 @@ PARALLEL_KEYS = (
     "overlap_slowdown",
 )
 ATTENTION_KERNELS = ("flash", "unfused")
+# bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
+GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
 # SMs a communication kernel occupies while it overlaps compute: NCCL runs one thread block per
 # channel, its blocks never share an SM with compute kernels, and on a DGX with 8 NICs it uses 16 SMs
@@ -61,6 +68,16 @@ class TrainingSetup:
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
+    framework: str = "megatron-core"  # the software-stack profile (sim/stacks/training/)
+    # dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"
+    grad_reduce_dtype: str = "fp32"
+    # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
+    # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
+    main_grad_accumulation: str = "fused"
+
+    @property
+    def grad_reduce_bytes(self) -> float:
+        return GRAD_REDUCE_BYTES[self.grad_reduce_dtype]
 
     @property
     def num_microbatches(self) -> int:
@@ -90,8 +107,9 @@ def _float(table: Mapping[str, Any], key: str, where: str, default: float, minim
 
 def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule."""
-    model = resolve_model(config)
     training = section(config, "training")
+    seq_len = training.get("seq_len")
+    model = resolve_model(config, default_max_seq_len=seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None)
     parallel = section(config, "parallel", required=False)
     reject_unknown_keys(training, "training", TRAINING_KEYS)
     reject_unknown_keys(parallel, "parallel", PARALLEL_KEYS)
@@ -105,9 +123,14 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         precision=str(training.get("precision", "bf16")),
         optimizer=str(training.get("optimizer", "adam")),
     )
-    attention_kernel = str(training.get("attention_kernel", "flash"))
-    if attention_kernel not in ATTENTION_KERNELS:
-        raise ConfigError(f"[training] attention_kernel = '{attention_kernel}' must be one of {', '.join(ATTENTION_KERNELS)}")
+    stack, settings = resolve_settings("training", config)
+    attention_kernel = settings["attention_kernel"]
+    grad_reduce = settings["grad_reduce_dtype"]
+    if grad_reduce == "auto":
+        # Megatron's rule: fp16 training reduces 16-bit gradients, bf16 (and fp8) needs fp32
+        grad_reduce = "fp16" if job.precision == "fp16" else "fp32"
+    elif grad_reduce == "bf16" and job.precision == "fp16":
+        raise ConfigError("[training] grad_reduce_dtype = 'bf16' with precision 'fp16'; allowed: auto, fp32")
 
     tp = _int(parallel, "tp", "parallel", 1)
     pp = _int(parallel, "pp", "parallel", 1)
@@ -131,6 +154,8 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     else:
         raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
     cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+    job = replace(job, precision=supported_precision(
+        job.precision, cluster.gpu, "training.precision", given="precision" in training))
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -149,22 +174,31 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         virtual_stages=_int(parallel, "virtual_stages", "parallel", 1),
         recompute=str(parallel.get("recompute", "none")),
         layers_per_stage=tuple(layers),
-        tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False),
+        # the stack's default applies where it can (sequence parallel, tp > 1); with tp = 1 there is
+        # nothing to overlap and the flag is accepted
+        tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False) if "tp_comm_overlap" in parallel
+        else settings["tp_comm_overlap"] and tp > 1 and _bool(parallel, "sequence_parallel", "parallel", False),
         offload=str(parallel.get("offload", "none")),
         cp_comm=str(parallel.get("cp_comm", "ring")),
     )
     validate_plan(model, cluster, job, plan)
+    if job.seq_len > model.max_seq_len and model.position != "learned":
+        warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
+             f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
     return TrainingSetup(
         model=model,
         cluster=cluster,
         job=job,
         plan=plan,
         attention_kernel=attention_kernel,
-        dp_comm_overlap=_bool(parallel, "dp_comm_overlap", "parallel", True),
+        dp_comm_overlap=settings["dp_comm_overlap"],
         expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0),
         overlap_slowdown=_float(
             parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0
         ),
+        framework=stack.name,
+        grad_reduce_dtype=grad_reduce,
+        main_grad_accumulation=settings["main_grad_accumulation"],
     )
 
 
@@ -217,7 +251,7 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
         raise InvalidPlanError(
             f"schedule 'interleaved' needs the {num_microbatches} micro-batches to be a multiple of pp {plan.pp}"
         )
-    if plan.tp_comm_overlap and not plan.sequence_parallel:
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
     if job.seq_len > model.max_seq_len and model.position == "learned":
         raise InvalidPlanError(

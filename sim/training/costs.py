@@ -143,7 +143,27 @@ def layer_passes(
     else:
         recompute = []
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
-    return forward, b_ops, w_ops
+    return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
+    """W ops with the stack's main-grad accumulation. "unfused" (Megatron-LM 2021's grad hook,
+    ``main_grad.add_(grad)``): after each weight-gradient GEMM an add kernel reads the 16-bit gradient
+    the GEMM wrote and reads and writes the main-grad element (``grad_reduce_dtype``), every
+    micro-batch. "fused" (Megatron-Core gradient_accumulation_fusion / TE fuse_wgrad_accumulation):
+    the GEMM epilogue reads and writes the fp32 C instead, hidden under the compute-bound main loop
+    of a weight-gradient GEMM, so no separate kernel. "none": autograd writes ``.grad`` directly."""
+    if setup.main_grad_accumulation != "unfused":
+        return w_ops
+    out: list[Op] = []
+    per_element = 2.0 * setup.grad_reduce_bytes
+    for op in w_ops:
+        out.append(op)
+        if op.kind == "gemm":
+            elements = op.m * op.n * op.batch
+            out.append(Op(name=f"{op.name}_accumulate", kind="memory",
+                          bytes_moved=elements * (op.bytes_per_element + per_element)))
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,7 +269,11 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
         ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
     if last:
         ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
-    return [(forward, *backward_ops(forward)) for forward in ends]
+    out = []
+    for forward in ends:
+        b_ops, w_ops = backward_ops(forward)
+        out.append((forward, b_ops, accumulate_main_grads(setup, w_ops)))
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -108,8 +108,8 @@ def grad_sync_work(
     ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
     all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
     inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
-    fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
-    fp16 for fp16 training. All full buckets have one size, so they are priced once.
+    ``setup.grad_reduce_dtype`` (the stack's rule: fp32 for bf16/fp8 training as Megatron's main grads,
+    16-bit for fp16; bf16 with --grad-reduce-in-bf16). All full buckets have one size, so they are priced once.
     """
     return grad_sync_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
 
@@ -123,7 +123,7 @@ def grad_sync_for_parameters(
     group = links["dp"]
     if group.size <= 1:
         return ()
-    grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
+    grad_bytes = setup.grad_reduce_bytes
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     shard = links["dp_shard"].size if plan.hsdp else group.size
@@ -198,7 +198,10 @@ def optimizer_time_for_parameters_s(
     if plan.offload == "none":
         seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
     else:
-        dram_share_Bps = node.cpu_dram_bandwidth_Bps / node.gpus_per_node
+        # CPU Adam of every GPU on the host shares its DRAM bandwidth: the GPUs actually there
+        # (fewer than the node's slots when the whole job is smaller than a node)
+        sharing = min(node.gpus_per_node, setup.cluster.num_gpus)
+        dram_share_Bps = node.cpu_dram_bandwidth_Bps / sharing
         seconds = shard * per_param / dram_share_Bps
         seconds += transfer_time_s(shard * 2.0, Tier.CPU, Tier.HBM, node, gpu)  # updated 16-bit parameters up
         if plan.offload == "nvme":

@@ -104,10 +104,14 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     ids = cache.spec_ids(setup.model, setup.cluster)
     chunk_context = cache.intern((
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
-        setup.overlap_slowdown, _chunk_plan_values(plan),
+        setup.overlap_slowdown, _chunk_plan_values(plan), setup.main_grad_accumulation, setup.grad_reduce_dtype,
     ))
-    setup_context = cache.intern(("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap))
-    dp_context = cache.intern(("dp", ids.cluster, setup.dp_comm_overlap, _dp_job_values(job), _dp_plan_values(plan)))
+    setup_context = cache.intern(
+        ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
+    )
+    dp_context = cache.intern(
+        ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, _dp_job_values(job), _dp_plan_values(plan))
+    )
     return PricingKeys(
         chunk=chunk_context, setup=setup_context, data_parallel=dp_context, model=ids.model, cluster=ids.cluster
     )
