@@ -35,7 +35,7 @@ from search.run import DEFAULT_TOP_K, SearchOptions
 from search.solver import check_constraints, solve
 from workloads.precision import BYTES_PER_ELEMENT
 
-OFFLOAD_KEYS = (
+OFFLOAD_SEARCH_KEYS = (
     "goal", "top_k", "gpu_batch", "num_gpu_batches", "weight_precision", "kv_precision",
     "gpu_memory_utilization", "cpu_memory_utilization",
 )
@@ -87,7 +87,7 @@ def _fraction(table: Mapping[str, Any], key: str, default: float) -> float:
 def parse_offload(config: Mapping[str, Any], options: SearchOptions) -> OffloadSpace:
     """The job and the space of ``[search] goal = "offload"``; errors name the field."""
     table = section(config, "search")
-    reject_unknown_keys(table, "search", OFFLOAD_KEYS)
+    reject_unknown_keys(table, "search", OFFLOAD_SEARCH_KEYS)
     model = resolve_model(config)
     cluster = resolve_cluster(config, default_num_gpus=1)
     if cluster.num_gpus != 1:
