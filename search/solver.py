@@ -12,7 +12,8 @@ import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterator
+from typing import Mapping
 
 import pulp
 
@@ -60,7 +61,7 @@ def solve(problem: pulp.LpProblem, *, solver: str | None = None, time_limit_s: f
     options: dict[str, object] = {"msg": False}
     if time_limit_s is not None:
         options["timeLimit"] = time_limit_s
-    with warnings.catch_warnings(), _quiet_stdout():  # PuLP 3 deprecates its bundled CBC in favour of COIN_CMD
+    with warnings.catch_warnings(), _native_stdout_silenced():  # PuLP 3 deprecates its bundled CBC
         warnings.simplefilter("ignore", DeprecationWarning)
         problem.solve(pulp.getSolver(name, **options))
     status = pulp.LpStatus[problem.status]
@@ -73,23 +74,19 @@ def solve(problem: pulp.LpProblem, *, solver: str | None = None, time_limit_s: f
 
 
 @contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    """Silence file descriptor 1 while a solver runs: HiGHS prints its banner from C on the first
-    solve of a process whatever ``msg`` says, which would break ``--format json`` on stdout."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # stdout replaced (pytest capture): nothing to guard
-        yield
-        return
+def _native_stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 pointed at /dev/null: highspy prints its banner from C++ on every ``Highs()``
+    PuLP constructs, whatever ``msg`` says, and stdout must stay clean for ``--format json``."""
     sys.stdout.flush()
-    saved = os.dup(fd)
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), fd)
+        os.dup2(devnull, 1)
         yield
     finally:
-        os.dup2(saved, fd)
+        os.dup2(saved, 1)
         os.close(saved)
+        os.close(devnull)
 
 
 def check_constraints(problem: pulp.LpProblem, solution: Solution, tolerance: float = 1e-6) -> list[str]:

@@ -3,12 +3,13 @@ and the values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hardware.topology import Cluster
-from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section
+from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section, supported_precision
 from sim.errors import ConfigError
+from sim.notices import warn
 from sim.stacks import resolve_settings
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
@@ -16,7 +17,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -73,6 +74,9 @@ class TrainingSetup:
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
     main_grad_accumulation: str = "fused"
+    # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
+    # norms and activations) | "current" (an amax pass before every cast, no fused casts)
+    fp8_recipe: str = "delayed"
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -153,6 +157,8 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     else:
         raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
     cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+    job = replace(job, precision=supported_precision(
+        job.precision, cluster.gpu, "training.precision", given="precision" in training))
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -179,6 +185,9 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         cp_comm=str(parallel.get("cp_comm", "ring")),
     )
     validate_plan(model, cluster, job, plan)
+    if job.seq_len > model.max_seq_len and model.position != "learned":
+        warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
+             f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
     return TrainingSetup(
         model=model,
         cluster=cluster,
@@ -193,6 +202,7 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         framework=stack.name,
         grad_reduce_dtype=grad_reduce,
         main_grad_accumulation=settings["main_grad_accumulation"],
+        fp8_recipe=settings["fp8_recipe"],
     )
 
 
