@@ -25,7 +25,7 @@ from sim.training.config import parse_training
 from sim.training.estimate import estimate_training
 from sim.training.pricing_cache import PricingCache
 from sim.training.run import simulate_training
-from search.toml_writer import dumps_toml
+from sim.toml_writer import dumps as dumps_toml
 from workloads.errors import InvalidPlanError
 
 SMALL = {
