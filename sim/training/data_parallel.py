@@ -13,7 +13,7 @@ from sim.training.config import TrainingSetup
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import CommWork
 from workloads.graph import Op
-from workloads.plan import stage_layer_counts
+from sim.training.schedules import plan_layer_counts, plan_placement
 
 # Enum members looked up once (attribute access on an Enum class is slow in a search loop)
 _ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
@@ -54,14 +54,15 @@ def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], 
     layers only through how many are dense and how many MoE (dense layers come first) and on whether
     it holds the embedding / LM head."""
     model, plan = setup.model, setup.plan
-    counts = stage_layer_counts(model.layers, plan)
+    counts = plan_layer_counts(model.layers, plan)
+    place = plan_placement(plan)
     dense_layers = model.dense_layers if model.is_moe else model.layers
     last_chunk = len(counts) - 1
     signatures: list[list[ChunkSignature]] = [[] for _ in range(plan.pp)]
     start = 0
     for chunk, count in enumerate(counts):
         dense = min(max(dense_layers - start, 0), count)
-        signatures[chunk % plan.pp].append((dense, count, chunk == 0, chunk == last_chunk))
+        signatures[place[chunk]].append((dense, count, chunk == 0, chunk == last_chunk))
         start += count
     return tuple(tuple(stage) for stage in signatures)
 

@@ -1,9 +1,9 @@
 """SimPy executor of one training iteration of one data-parallel replica, one simulated rank per stage.
 
-Each pipeline stage runs its program (``sim.training.schedules.stage_program``) as a SimPy process,
-one timeout per op: an op starts when the stage is free and its input has arrived (F of global chunk
-g needs F of chunk g-1, B needs the gradient of chunk g+1), plus FSDP parameter gathers where the
-plan shards parameters. Everything else a stage does is a FIFO server fed only by that stage's own
+Each pipeline stage runs its part of the schedule's program (``sim.training.schedules.schedule_program``)
+as it is, as a SimPy process, one timeout per op: an op starts when the stage is free and its input
+has arrived (F of global chunk g needs F of chunk g-1, B needs the gradient of chunk g+1, wherever
+the program's placement puts them), plus FSDP parameter gathers where the plan shards parameters. Everything else a stage does is a FIFO server fed only by that stage's own
 compute stream, in time order, so its queue is computed in closed form at enqueue time: this is
 exactly what a ``simpy.Resource(capacity=1)`` would produce, at one event per message instead of a
 process with request, timeout and release events (the 1T benchmark runs ~10^5 ops):
@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 import simpy
 
-from sim.training.schedules import Step, splits_backward, stage_steps
+from sim.training.schedules import Program, Step, schedule_program
 from sim.training.work import PipelineWork
 
 _AXES_IN_CHUNKS = ("tp", "cp", "ep")
@@ -160,7 +160,20 @@ _KIND_F, _KIND_B, _KIND_W, _KIND_BW = 0, 1, 2, 3
 _NAMES = {_KIND_F: "F", _KIND_B: "B", _KIND_W: "W", _KIND_BW: "B"}
 
 
-def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[Any, ...]]:
+def _route(src: int, dst: int, pp: int, forward: bool) -> tuple[int, int]:
+    """(direction, link) of a message from stage ``src`` to ``dst``, or (-1, -1) when local. Link i
+    joins stage i and (i + 1) % pp; direction 0 runs i -> i + 1, 1 runs i + 1 -> i. Activations take
+    direction 0 when the next stage is ``src + 1`` (mod pp), gradients direction 1 when it is
+    ``src - 1``: the interleaved wrap-around and the way back of a V share the same channels."""
+    if src == dst:
+        return -1, -1
+    up, down = dst == (src + 1) % pp, dst == (src - 1) % pp
+    if up and (forward or not down):
+        return 0, src
+    return 1, dst
+
+
+def _compile_stage(work: PipelineWork, s: int, program: Program) -> list[tuple[Any, ...]]:
     """Turn a stage program into executable records: durations, dependency slots, sends, buckets.
 
     Dependency slots: F-input of (global chunk g, micro-batch i) is slot 2 (g m + i), B-input 2 (g m + i) + 1.
@@ -171,13 +184,14 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
     pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
     last_global = pp * v - 1
     stage_work = work.stages[s]
-    split = splits_backward(work.schedule)
+    split = program.split_backward
+    steps = program.steps[s]
+    place = program.placement
     fsdp = bool(stage_work.param_gather)
 
-    # Per chunk constants: (g, F work, B work, B+W work, B share of B+W, W work, bytes, fwd link, bwd link)
+    # Per chunk constants: (g, F work, B work, B+W work, B share of B+W, W work, bytes, fwd route, bwd route)
     consts = []
-    for c, cw in enumerate(stage_work.chunks):
-        g = c * pp + s
+    for c, (cw, g) in enumerate(zip(stage_work.chunks, program.stage_chunks(s))):
         fused = cw.backward_input_s + cw.backward_weight_s
         consts.append(
             (
@@ -188,8 +202,8 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
                 cw.backward_input_s / fused if fused > 0.0 else 1.0,
                 cw.backward_weight_s,
                 cw.send_bytes,
-                s if (g + 1) % pp != s else -1,
-                (s - 1) % pp if (g - 1) % pp != s else -1,
+                _route(s, place[g + 1], pp, forward=True) if g < last_global else (-1, -1),
+                _route(s, place[g - 1], pp, forward=False) if g > 0 else (-1, -1),
             )
         )
 
@@ -203,7 +217,7 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
         g, f_s, b_s, bw_s, b_share, w_s, nbytes, fwd_link, bwd_link = consts[c]
         if kind_name == "F":
             dep = 2 * (g * m + mb) if g > 0 else -1
-            send = (0, fwd_link, 2 * ((g + 1) * m + mb), nbytes, (g + 1) % pp) if g < last_global else None
+            send = (fwd_link[0], fwd_link[1], 2 * ((g + 1) * m + mb), nbytes, place[g + 1]) if g < last_global else None
             op = [_KIND_F, mb, c, f_s, 0.0, dep, send, None, None, None, None]
             if fsdp and c not in seen_f:
                 seen_f.add(c)
@@ -215,7 +229,7 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
         elif kind_name == "B":
             fuse = not split and i + 1 < n and steps[i + 1] == ("W", mb, c)
             dep = 2 * (g * m + mb) + 1 if g < last_global else -1
-            send = (1, bwd_link, 2 * ((g - 1) * m + mb) + 1, nbytes, (g - 1) % pp) if g > 0 else None
+            send = (bwd_link[0], bwd_link[1], 2 * ((g - 1) * m + mb) + 1, nbytes, place[g - 1]) if g > 0 else None
             if fuse:
                 op = [_KIND_BW, mb, c, bw_s, b_share, dep, send, None, None, None, None]
                 final_index[c] = len(ops)
@@ -247,7 +261,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     """Simulate one iteration of ``work`` event by event; see ``PipelineResult`` for the metrics."""
     _validate(work)
     pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
-    compiled = [_compile_stage(work, s, stage_steps(work.schedule, pp, s, m, v)) for s in range(pp)]
+    program = schedule_program(work.schedule, pp, m, v)
+    compiled = [_compile_stage(work, s, program) for s in range(pp)]
 
     env = simpy.Environment()
     arrivals: list[tuple[float, float, float] | None] = [None] * (2 * pp * v * m)
