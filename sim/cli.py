@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="compare predictions with the bundled published results")
     validate.add_argument("--suite", choices=("training", "serving", "all"), default="all")
     validate.add_argument("--fidelity", choices=("analytic", "des"), default="des")
+    validate.add_argument("-v", "--verbose", action="store_true", help="print each row's config (TOML for `llmsim simulate`)")
     _add_format(validate)
     return parser
 
@@ -207,7 +208,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report.to_json()))
     else:
-        print(report.table())
+        print(report.table(verbose=args.verbose))
     return 0 if report.passed else 1
 
 

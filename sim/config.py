@@ -88,15 +88,24 @@ def reject_unknown_keys(table: Mapping[str, Any], name: str, allowed: tuple[str,
             raise ConfigError(f"[{name}] unknown key '{key}'; allowed: {', '.join(allowed)}")
 
 
-def resolve_model(config: Mapping[str, Any]) -> ModelSpec:
-    """``[model]``: a catalog ``name`` alone, or a full inline architecture (with a ``name``)."""
+INLINE_MODEL_NAME = "custom"
+
+
+def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = None) -> ModelSpec:
+    """``[model]``: a catalog ``name`` alone, or an inline architecture; an inline one needs no
+    ``name`` (default "custom") and, given ``default_max_seq_len`` (the run's sequence length), no
+    ``max_seq_len``."""
     table = section(config, "model")
-    if "name" not in table:
-        raise ConfigError("[model] needs 'name' (a catalog model, or a name for an inline architecture)")
+    if not table:
+        raise ConfigError("[model] needs 'name' (a catalog model) or an inline architecture (layers, hidden, ...)")
     try:
         if set(table) == {"name"}:
             return get_model(str(table["name"]))
-        return model_from_mapping(table, "[model]")
+        inline = dict(table)
+        inline.setdefault("name", INLINE_MODEL_NAME)
+        if default_max_seq_len is not None:
+            inline.setdefault("max_seq_len", default_max_seq_len)
+        return model_from_mapping(inline, "[model]")
     except ModelCatalogError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -18,6 +18,7 @@ SUBCOMMANDS = [
     ["catalog", "models"],
     ["catalog", "show"],
     ["simulate"],
+    ["search"],
     ["validate"],
 ]
 

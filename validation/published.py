@@ -7,7 +7,7 @@ the suite and the report fails when any is exceeded (a comparison that cannot fa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 SUITES = ("training", "serving")
 
@@ -23,6 +23,8 @@ class Comparison:
     predicted: float
     citation: str
     excluded: str = ""  # why the row is reported but kept out of the threshold statistics ("" = counted)
+    config: Mapping[str, Any] | None = None  # the `llmsim simulate` config the prediction ran (None: a memory-model check)
+    fits_in_memory: bool = True  # the simulated run fits (a published run that ran must)
 
     @property
     def error(self) -> float:
@@ -58,7 +60,8 @@ class SuiteReport:
         return max((abs(c.error) for c in self.rows(metric)), default=0.0)
 
     def failures(self) -> list[str]:
-        out = []
+        out = [f"{self.suite}/{c.row}: predicted not to fit in memory, but the published run ran"
+               for c in self.comparisons if not c.fits_in_memory]
         for t in self.thresholds:
             if self.mape(t.metric) > t.max_mape:
                 out.append(f"{self.suite}/{t.metric}: MAPE {self.mape(t.metric):.1%} > {t.max_mape:.0%}")
@@ -75,7 +78,11 @@ class Report:
     def passed(self) -> bool:
         return not any(s.failures() for s in self.suites)
 
-    def table(self) -> str:
+    def table(self, verbose: bool = False) -> str:
+        """Per-row errors and summaries; ``verbose`` adds each row's config as TOML (re-run it with
+        ``llmsim simulate``)."""
+        from sim.toml_writer import dumps
+
         lines = []
         for s in self.suites:
             lines.append(f"== {s.suite} ==")
@@ -84,7 +91,10 @@ class Report:
                 lines.append(
                     f"{c.row:<44} {c.metric:<30} {c.published:>12.4g} {c.predicted:>12.4g} {c.error:>+8.1%}"
                     + (f"  (not counted: {c.excluded})" if c.excluded else "")
+                    + ("" if c.fits_in_memory else "  (predicted not to fit)")
                 )
+                if verbose and c.config is not None:
+                    lines.extend("    " + line for line in dumps(c.config).splitlines())
             for t in s.thresholds:
                 lines.append(
                     f"summary {t.metric}: MAPE {s.mape(t.metric):.1%} (limit {t.max_mape:.0%}), "
@@ -109,6 +119,8 @@ class Report:
                             "error": c.error,
                             "citation": c.citation,
                             "excluded": c.excluded,
+                            "fits_in_memory": c.fits_in_memory,
+                            "config": c.config,
                         }
                         for c in s.comparisons
                     ],

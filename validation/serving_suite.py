@@ -2,10 +2,10 @@
 first-token latency on A100 FP16, and FasterTransformer small-batch latency
 (``validation/published/serving.csv``; every row cites its source).
 
-Each row is predicted with llmsim's serving step-cost model (the one the DES engine uses) for a
-static batch of identical requests, through ``sim.serving.analytic.static_batch_times`` (exactly the
-DES's static-scheduler timeline; tests hold the two together). One hardware description per GPU
-(the catalog entry), one overhead setting per serving framework, no per-row constants.
+Each row is a config (``row_config``: the row's stack as ``[serving] framework``, a static batch of
+identical requests queued at once) run through ``sim.runner.simulate``, exactly what ``llmsim
+simulate`` runs on it (``llmsim validate -v`` prints the configs). One hardware description per GPU
+(the catalog entry), one profile per serving stack (sim/stacks/serving/), no per-row constants.
 """
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from hardware.catalog import get_gpu, get_network, get_node
-from hardware.topology import build_cluster
-from sim.serving.analytic import static_batch_times
-from sim.serving.stepcost import ReplicaShape, StepCostModel
+from typing import Any
+
+from hardware.catalog import get_gpu
+from sim.runner import RunOptions, simulate
 from validation.published import Comparison, SuiteReport, Threshold
 from workloads.precision import bytes_per_element
 from workloads.graph import expected_active_experts
 from workloads.catalog import get_model
-from workloads.model import ModelSpec
 
 DATA = Path(__file__).parent / "published" / "serving.csv"
 
@@ -34,47 +33,9 @@ THRESHOLDS = (
 )
 
 
-def trtllm_09_decode_attention(model: ModelSpec, tp: int) -> str:
-    """TensorRT-LLM 0.9's choice of decode-attention kernel. Its XQA kernel (query heads of a KV group
-    share the K/V loads) runs only for head size 128 with exactly 8 query heads per KV head and 1, 2, 4
-    or 8 KV heads per rank, and no cyclic (sliding-window) KV cache (``DecoderXQARunner::shouldUse`` in
-    NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQARunner.h, the
-    v0.9-era version); everything else runs the masked-MHA kernel, one thread block per query head."""
-    kv_heads = max(1, model.kv_heads // tp)
-    heads = model.heads // tp
-    xqa = (model.head_dim == 128 and heads == 8 * kv_heads and kv_heads in (1, 2, 4, 8)
-           and model.sliding_window is None)
-    return "shared_kv" if xqa else "per_query_head"
-
-
-def masked_mha_decode_attention(model: ModelSpec, tp: int) -> str:
-    """FasterTransformer's decoder masked multi-head attention: one thread block per query head."""
-    return "per_query_head"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Framework:
-    """Host-side costs of a serving runtime (seconds) and its decode-attention kernel choice, applied
-    to every row it produced."""
-
-    step_overhead_s: float
-    request_overhead_s: float
-    decode_attention: Callable[[ModelSpec, int], str]
-    source: str
-
-
-FRAMEWORKS = {
-    "trtllm-0.9.0": Framework(step_overhead_s=0.0, request_overhead_s=0.0, decode_attention=trtllm_09_decode_attention,
-                              source="C++ runtime; overheads folded into kernel launch costs"),
-    "fastertransformer": Framework(step_overhead_s=0.0, request_overhead_s=0.0,
-                                   decode_attention=masked_mha_decode_attention,
-                                   source="C++ runtime; overheads folded into kernel launch costs"),
-}
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Row:
-    source: str
+    framework: str  # the serving stack that produced the row (sim/stacks/serving/)
     model: str
     gpu: str
     tp: int
@@ -93,36 +54,52 @@ class Row:
 def load_rows(path: Path = DATA) -> list[Row]:
     with path.open(newline="") as f:
         return [
-            Row(source=r["source"], model=r["model"], gpu=r["gpu"], tp=int(r["tp"]), batch=int(r["batch"]),
+            Row(framework=r["framework"], model=r["model"], gpu=r["gpu"], tp=int(r["tp"]), batch=int(r["batch"]),
                 input_tokens=int(r["input_tokens"]), output_tokens=int(r["output_tokens"]), metric=r["metric"],
                 published=float(r["published"]), citation=r["citation"])
             for r in csv.DictReader(f)
         ]
 
 
-def cost_model(row: Row) -> StepCostModel:
-    """The row's replica: FP16 weights, KV and activations on ``tp`` GPUs of the GPU's standard node."""
-    gpu = get_gpu(row.gpu)
-    node = get_node(gpu.default_node)
-    cluster = build_cluster(gpu, node, get_network(node.default_network), row.tp)
-    shape = ReplicaShape(model=get_model(row.model), cluster=cluster, tp=row.tp, weight_precision="fp16",
-                         kv_precision="fp16", activation_precision="fp16")
-    framework = FRAMEWORKS[row.source]
-    return StepCostModel(shape, step_overhead_s=framework.step_overhead_s, request_overhead_s=framework.request_overhead_s,
-                         decode_attention=framework.decode_attention(shape.model, row.tp))
+def row_config(row: Row) -> dict[str, Any]:
+    """The ``llmsim simulate`` config of a row: one static batch of ``batch`` identical FP16 requests,
+    all queued at once, on ``tp`` GPUs of the GPU's standard node, served by the row's stack."""
+    return {
+        "model": {"name": row.model},
+        "cluster": {"gpu": row.gpu, "num_gpus": row.tp},
+        "serving": {
+            "framework": row.framework,
+            "tp": row.tp,
+            "scheduler": "static",
+            "max_num_seqs": row.batch,
+            "weight_precision": "fp16",
+            "kv_precision": "fp16",
+        },
+        "workload": {
+            "arrival": "offline",
+            "num_requests": row.batch,
+            "prompt_tokens": row.input_tokens,
+            "output_tokens": row.output_tokens,
+        },
+    }
+
+
+# the metric of a row as read from `llmsim simulate`'s JSON (per GPU where the name says so)
+_METRICS = {
+    "first_token_latency_s": lambda m, row: m["ttft_s"]["mean"],
+    "prefill_latency_s": lambda m, row: m["ttft_s"]["mean"],
+    "decode_latency_per_token_s": lambda m, row: m["tpot_s"]["mean"],
+    "total_latency_s": lambda m, row: m["e2e_s"]["mean"],
+    "output_tokens_per_s_per_gpu": lambda m, row: m["output_tokens_per_s"] / row.tp,
+}
 
 
 def predict(row: Row) -> float:
-    times = static_batch_times(cost_model(row), batch=row.batch, input_tokens=row.input_tokens, output_tokens=row.output_tokens)
-    if row.metric == "output_tokens_per_s_per_gpu":
-        return row.batch * row.output_tokens / times.total_s / row.tp
-    if row.metric in ("first_token_latency_s", "prefill_latency_s"):
-        return times.prefill_s
-    if row.metric == "decode_latency_per_token_s":
-        return times.decode_per_token_s
-    if row.metric == "total_latency_s":
-        return times.total_s
-    raise ValueError(f"serving.csv: unknown metric '{row.metric}'")
+    """The row's metric from exactly the run ``llmsim simulate`` makes of ``row_config(row)``."""
+    if row.metric not in _METRICS:
+        raise ValueError(f"serving.csv: unknown metric '{row.metric}'")
+    metrics = simulate(row_config(row), RunOptions()).metrics()
+    return _METRICS[row.metric](metrics, row)
 
 
 def hbm_roofline_tokens_per_s_per_gpu(row: Row) -> float:
@@ -155,7 +132,8 @@ def run_serving_suite() -> SuiteReport:
                 excluded = (f"published {r.published:.0f} exceeds the HBM roofline {bound:.0f} tok/s/GPU of the "
                             "weights, activated experts and KV a step must read")
         comparisons.append(Comparison(suite="serving", row=r.label, metric=r.metric, published=r.published,
-                                      predicted=predict(r), citation=r.citation, excluded=excluded))
+                                      predicted=predict(r), citation=r.citation, excluded=excluded,
+                                      config=row_config(r)))
     comparisons = tuple(comparisons)
     return SuiteReport(
         suite="serving", comparisons=comparisons, thresholds=THRESHOLDS,

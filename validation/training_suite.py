@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from hardware import units
-from sim.runner import RunOptions
+from sim.runner import RunOptions, simulate
 from sim.training.config import parse_training
 from sim.training.memory import memory_per_stage
-from sim.training.run import simulate_training
 from validation.published import Comparison, SuiteReport, Threshold
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
@@ -46,15 +45,13 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
     """The llmsim config a published row describes."""
     if row["model"] == "inline":
         hidden = int(row["hidden"])
-        model: dict[str, Any] = {
-            "name": f"{row['row']}-model",
+        model: dict[str, Any] = {  # no name ("custom") and max_seq_len = the run's length, as a user writes it
             "hidden": hidden,
             "layers": int(row["layers"]),
             "heads": int(row["heads"]),
             "kv_heads": int(row["heads"]),
             "ffn_hidden": 4 * hidden,
             "vocab": int(row["vocab"]),
-            "max_seq_len": int(row["seq_len"]),
             "activation": "gelu",
             "position": "rope",
         }
@@ -70,7 +67,9 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
             "global_batch": int(row["global_batch"]),
             "micro_batch": int(row["micro_batch"]),
             "precision": row["precision"],
-            "attention_kernel": row["attention_kernel"],
+            # the software stack the row ran (sim/stacks/training/): attention kernel, whether the
+            # gradient reduction overlaps backward, main-grad accumulation, reduction dtype
+            "framework": row["framework"],
         },
         "parallel": {
             "tp": tp,
@@ -82,9 +81,6 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
             "virtual_stages": virtual,
             "recompute": row["recompute"],
             "tp_comm_overlap": _bool(row["tp_comm_overlap"]),
-            # Megatron-LM of 2021-22 reduced gradients after the backward pass; overlapping the
-            # reduction with backward (--overlap-grad-reduce) arrived with Megatron-Core
-            "dp_comm_overlap": _bool(row["dp_comm_overlap"]),
         },
     }
 
@@ -113,19 +109,24 @@ class TimedRow:
     citation: str
     published_s: float
     predicted_s: float
+    fits_in_memory: bool
+    config: dict[str, Any]
 
 
 def iteration_rows(fidelity: str = "des") -> list[TimedRow]:
+    """Every row simulated exactly as ``llmsim simulate --fidelity FIDELITY`` runs its config."""
     out = []
     for row in _read("training.csv"):
         config = row_config(row)
-        result = simulate_training(config, RunOptions(fidelity=fidelity))
+        metrics = simulate(config, RunOptions(fidelity=fidelity)).metrics()
         out.append(
             TimedRow(
                 row=row["row"],
                 citation=row["citation"],
                 published_s=published_iteration_time_s(row, config),
-                predicted_s=result.metrics()["iteration_time_s"],
+                predicted_s=metrics["iteration_time_s"],
+                fits_in_memory=metrics["fits_in_memory"],
+                config=config,
             )
         )
     return out
@@ -202,6 +203,8 @@ def run_training_suite(fidelity: str = "des") -> SuiteReport:
             published=r.published_s,
             predicted=r.predicted_s,
             citation=r.citation,
+            config=r.config,
+            fits_in_memory=r.fits_in_memory,
         )
         for r in iteration_rows(fidelity)
     ]

@@ -34,7 +34,10 @@ class ParallelPlan:
     hsdp: bool = False  # with zero=3: shard inside a node, replicate across nodes
     schedule: str = "1f1b"
     virtual_stages: int = 1  # model chunks per GPU: "interleaved" / "bfs" any, V shapes 2, "hanayo" 2 per wave
-    recompute: str = "none"
+    recompute: str = "none"  # of the layers not counted in ``recompute_layers``
+    # layers of each stage fully recomputed (Megatron --recompute-method block --recompute-num-layers),
+    # one entry per stage; empty = none. The stage's other layers follow ``recompute``.
+    recompute_layers: tuple[int, ...] = ()
     layers_per_stage: tuple[int, ...] = ()  # uneven split; empty = as even as possible
     tp_comm_overlap: bool = False
     offload: str = "none"
@@ -67,6 +70,20 @@ class ParallelPlan:
             raise InvalidPlanError(f"schedule '{self.schedule}' runs 2 chunks per stage (a V), not {self.virtual_stages}")
         if self.schedule == "hanayo" and self.virtual_stages % 2:
             raise InvalidPlanError(f"schedule 'hanayo' runs 2 chunks per stage per wave, not {self.virtual_stages}")
+        if self.recompute_layers:
+            if len(self.recompute_layers) != self.pp:
+                raise InvalidPlanError(
+                    f"parallel.recompute_layers has {len(self.recompute_layers)} entries; needs pp = {self.pp} (one per stage)"
+                )
+            if any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in self.recompute_layers):
+                raise InvalidPlanError(
+                    f"parallel.recompute_layers = {list(self.recompute_layers)} must be integers >= 0"
+                )
+            if self.recompute == "full" and any(self.recompute_layers):
+                raise InvalidPlanError(
+                    "parallel.recompute_layers needs recompute = 'none' or 'selective' for the other layers, "
+                    "not 'full' (which already recomputes every layer)"
+                )
         if self.hsdp and self.zero != 3:
             raise InvalidPlanError(f"parallel.hsdp = true needs zero = 3, not {self.zero}")
         if (self.dp * self.cp) % self.ep:
@@ -145,3 +162,30 @@ def stage_layer_counts(
         raise InvalidPlanError(f"model has {num_layers} layers, fewer than pp x virtual_stages = {chunks} chunks")
     base, extra = divmod(num_layers, chunks)
     return (base + 1,) * extra + (base,) * (chunks - extra)  # the first ``extra`` chunks get one more
+
+
+def chunk_recompute_counts(
+    num_layers: int, plan: ParallelPlan, placement: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
+    """Fully recomputed layers of every model chunk (pp * virtual_stages chunks, in pipeline order):
+    stage s's ``recompute_layers[s]`` spread over its chunks one layer at a time, chunk by chunk, never
+    more than a chunk holds; each chunk recomputes its first layers (Megatron's block method).
+    Raises InvalidPlanError when a stage would recompute more layers than it holds. ``placement``:
+    the stage of every chunk (default c % pp), as ``stage_layer_counts``."""
+    counts = stage_layer_counts(num_layers, plan, placement)
+    if not plan.recompute_layers:
+        return (0,) * len(counts)
+    out = [0] * len(counts)
+    for stage, wanted in enumerate(plan.recompute_layers):
+        chunks = [c for c in range(len(counts)) if (placement[c] if placement else c % plan.pp) == stage]
+        held = sum(counts[c] for c in chunks)
+        if wanted > held:
+            raise InvalidPlanError(
+                f"parallel.recompute_layers[{stage}] = {wanted} exceeds the {held} layers of stage {stage}"
+            )
+        while wanted:
+            for c in chunks:
+                if wanted and out[c] < counts[c]:
+                    out[c] += 1
+                    wanted -= 1
+    return tuple(out)

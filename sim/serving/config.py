@@ -1,9 +1,10 @@
 """``[serving]`` (with ``[serving.disaggregated]`` and ``[serving.speculative]``): validated, frozen.
 
 Defaults follow vLLM's engine arguments (max_num_seqs 256, block_size 16, gpu_memory_utilization
-0.9, swap_space 4 GiB per GPU) unless noted. CPU overheads default to the BLIS "trained-physics"
-bundled coefficients fitted on H100 vLLM traces: 126 us per step (beta7) and 4 us per request in the
-batch (beta6) (../shared/reference/formulas.md, Serving / Step time).
+0.9, swap_space 4 GiB per GPU) unless noted. CPU overheads and the decode-attention kernel come from
+the software-stack profile ``framework`` (sim/stacks/serving/; default "vllm": the BLIS
+"trained-physics" coefficients fitted on H100 vLLM traces, 126 us per step and 4 us per request in
+the batch, ../shared/reference/formulas.md, Serving / Step time); the config's keys override them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Mapping
 
 from hardware.units import GiB, us
 from sim.errors import ConfigError
+from sim.stacks import get_stack, resolve_settings
 from sim.serving.schedulers import PREEMPTION_MODES
 from workloads.model import ModelSpec
 from workloads.precision import BYTES_PER_ELEMENT
@@ -27,7 +29,7 @@ SERVING_KEYS = (
     "tp", "pp", "ep", "scheduler", "weight_precision", "kv_precision", "max_num_seqs", "max_batched_tokens",
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
-    "max_model_len", "disaggregated", "speculative",
+    "max_model_len", "disaggregated", "speculative", "framework", "decode_attention",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -41,9 +43,10 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_SWAP_SPACE_GIB = 4.0
 # Sarathi-Serve's token budget for Mistral-7B / A100 (paper: 512 for the strict SLO setting).
 DEFAULT_CHUNK_SIZE = 512
-# BLIS trained-physics coefficients (formulas.md): beta7 = 126 us per step, beta6 = 4 us per request.
-DEFAULT_STEP_OVERHEAD_US = 126.0
-DEFAULT_REQUEST_OVERHEAD_US = 4.0
+# The default stack's CPU overheads (sim/stacks/serving/vllm.toml: BLIS beta7 per step, beta6 per request).
+_DEFAULT_STACK = get_stack("serving", None).settings
+DEFAULT_STEP_OVERHEAD_US = float(_DEFAULT_STACK["step_overhead_us"])
+DEFAULT_REQUEST_OVERHEAD_US = float(_DEFAULT_STACK["request_overhead_us"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,6 +93,8 @@ class ServingSpec:
     step_overhead_s: float = DEFAULT_STEP_OVERHEAD_US * us
     request_overhead_s: float = DEFAULT_REQUEST_OVERHEAD_US * us
     max_model_len: int | None = None  # None: the model's max_seq_len
+    framework: str = "vllm"  # the software-stack profile (sim/stacks/serving/)
+    decode_attention: str = "shared_kv"  # the stack's decode-attention kernel rule (see sim.serving.stepcost)
     disaggregated: DisaggregatedSpec | None = None
     speculative: SpeculativeSpec | None = None
 
@@ -140,7 +145,10 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     for key in ("weight_precision", "kv_precision"):
         if key in table and table[key] not in BYTES_PER_ELEMENT:
             raise ConfigError(f"serving.{key} = {table[key]!r}; allowed: {', '.join(BYTES_PER_ELEMENT)}")
+    stack, settings = resolve_settings("serving", {"serving": table})
     spec: dict[str, Any] = dict(
+        framework=stack.name,
+        decode_attention=settings["decode_attention"],
         tp=_int(table, "tp", w, 1),
         pp=_int(table, "pp", w, 1),
         ep=_int(table, "ep", w, 1),
@@ -158,8 +166,8 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         chunked_prefill=_bool(table, "chunked_prefill", w, True),
         preemption_mode=_choice(table, "preemption_mode", w, "recompute", PREEMPTION_MODES),
         swap_space_bytes=_float(table, "swap_space_GiB", w, DEFAULT_SWAP_SPACE_GIB, 0.0, 1e6) * GiB,
-        step_overhead_s=_float(table, "step_overhead_us", w, DEFAULT_STEP_OVERHEAD_US, 0.0, 1e9) * us,
-        request_overhead_s=_float(table, "request_overhead_us", w, DEFAULT_REQUEST_OVERHEAD_US, 0.0, 1e9) * us,
+        step_overhead_s=settings["step_overhead_us"] * us,
+        request_overhead_s=settings["request_overhead_us"] * us,
     )
     if "max_model_len" in table:
         spec["max_model_len"] = _int(table, "max_model_len", w, 1)

@@ -90,6 +90,7 @@ class ServingResult:
             })
         out.update({
             "scheduler": spec.scheduler,
+            "framework": spec.framework,
             "model": system.model.name,
             "gpu": system.cluster.gpu.name,
             "num_gpus": sum(len(pool.replicas) * pool.shape.num_gpus for pool in system.pools),

@@ -27,7 +27,7 @@ from sim.serving.metrics import parse_slo
 from sim.serving.request import SimRequest, Status
 from sim.serving.result import ServingResult
 from sim.serving.schedulers import BatchLimits, VllmScheduler
-from sim.serving.stepcost import ReplicaShape, StepCostModel
+from sim.serving.stepcost import ReplicaShape, StepCostModel, decode_attention_kernel
 from workloads.catalog import get_model
 from workloads.errors import ModelCatalogError
 from workloads.model import ModelSpec
@@ -149,6 +149,7 @@ def build_system(
         cost = StepCostModel(
             shape, step_overhead_s=spec.step_overhead_s, request_overhead_s=spec.request_overhead_s,
             draft=_draft_cost(spec, shape) if role != "prefill" else None, draft_free_overhead=overhead,
+            decode_attention=decode_attention_kernel(spec.decode_attention, shape.model, shape.tp),
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))
         first += shape.num_gpus * count
@@ -270,9 +271,14 @@ def run(
 def simulate_serving(config: Mapping[str, Any], options: RunOptions) -> ServingResult:
     """The serving run a config describes ([model], [cluster], [serving], [workload], [slo])."""
     spec = parse_serving(section(config, "serving"))
-    model = resolve_model(config)
-    check_model_parallelism(spec, model)
     workload = parse_workload(section(config, "workload"), base_dir=options.config_dir)
+    seed = workload.seed if workload.seed is not None else options.seed
+    rng = np.random.default_rng(seed)
+    request_specs = build_requests(workload, rng)
+    # an inline model without max_seq_len serves the run's longest request (or max_model_len)
+    longest = spec.max_model_len or max((r.prompt_tokens + r.output_tokens for r in request_specs), default=None)
+    model = resolve_model(config, default_max_seq_len=longest)
+    check_model_parallelism(spec, model)
     slo = parse_slo(section(config, "slo", required=False))
     if spec.scheduler == "disaggregated":
         d = spec.disaggregated
@@ -280,9 +286,6 @@ def simulate_serving(config: Mapping[str, Any], options: RunOptions) -> ServingR
     else:
         gpus = spec.replicas * gpus_per_replica(spec)
     cluster = resolve_cluster(config, default_num_gpus=gpus)
-    seed = workload.seed if workload.seed is not None else options.seed
-    rng = np.random.default_rng(seed)
-    request_specs = build_requests(workload, rng)
     system = build_system(spec, model, cluster)
     requests = to_sim_requests(request_specs, spec.block_size)
     replicas, rejected, events = run(system, requests, rng=rng, trace=options.trace)

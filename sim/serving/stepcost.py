@@ -28,6 +28,31 @@ from workloads.precision import bytes_per_element
 # L2 (the group's blocks run together) and the kernel is bound by max(HBM bytes of the distinct K/V, L2 bytes of
 # every query head's K/V / L2 bandwidth).
 DECODE_ATTENTION_KERNELS = ("shared_kv", "per_query_head")
+# Rules a serving stack names for its decode-attention kernel: a kernel above, or "xqa" (TensorRT-LLM's
+# dispatch, ``xqa_decode_attention``).
+DECODE_ATTENTION_RULES = (*DECODE_ATTENTION_KERNELS, "xqa")
+
+
+def xqa_decode_attention(model: ModelSpec, tp: int) -> str:
+    """TensorRT-LLM's choice of decode-attention kernel. Its XQA kernel (query heads of a KV group
+    share the K/V loads) runs only for head size 128 with exactly 8 query heads per KV head and 1, 2, 4
+    or 8 KV heads per rank, and no cyclic (sliding-window) KV cache (``DecoderXQARunner::shouldUse`` in
+    NVIDIA/TensorRT-LLM cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention/decoderXQARunner.h, the
+    v0.9-era version); everything else runs the masked-MHA kernel, one thread block per query head."""
+    kv_heads = max(1, model.kv_heads // tp)
+    heads = model.heads // tp
+    xqa = (model.head_dim == 128 and heads == 8 * kv_heads and kv_heads in (1, 2, 4, 8)
+           and model.sliding_window is None)
+    return "shared_kv" if xqa else "per_query_head"
+
+
+def decode_attention_kernel(rule: str, model: ModelSpec, tp: int) -> str:
+    """The kernel a stack's decode-attention ``rule`` picks for ``model`` on ``tp`` ranks."""
+    if rule == "xqa":
+        return xqa_decode_attention(model, tp)
+    if rule not in DECODE_ATTENTION_KERNELS:
+        raise ValueError(f"decode_attention = {rule!r}; allowed: {', '.join(DECODE_ATTENTION_RULES)}")
+    return rule
 
 # Sampling reads the fp32 logits of each sampled position once for softmax/top-p and once for the
 # draw (vLLM's sampler: logits.float(), softmax, then multinomial sampling): 2 passes x 4 bytes.

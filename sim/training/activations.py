@@ -106,12 +106,17 @@ def activation_bytes_per_layer(
     accounting); pass False for dropout-free recipes. ``moe_layer`` None = an MoE layer for MoE models.
     """
     moe = model.is_moe if moe_layer is None else moe_layer
-    full, core, layer_input = layer_activation_parts(
-        model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout
-    )
-    if plan.recompute == "full":
+    parts = layer_activation_parts(model, plan, job, moe=moe, flash_attention=flash_attention, dropout=dropout)
+    return stored_activation_bytes(parts, plan.recompute)
+
+
+def stored_activation_bytes(parts: tuple[float, float, float], recompute: str) -> float:
+    """Bytes a layer keeps under ``recompute`` from its ``layer_activation_parts``: none stores
+    everything, selective drops the attention core, full keeps only the layer input."""
+    full, core, layer_input = parts
+    if recompute == "full":
         return layer_input
-    if plan.recompute == "selective":
+    if recompute == "selective":
         return full - core
     return full
 

@@ -4,16 +4,22 @@ and the values."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from hardware.topology import Cluster
 from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
+from sim.stacks import resolve_settings
+from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
-from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, stage_layer_counts
 
-TRAINING_KEYS = ("seq_len", "global_batch", "micro_batch", "precision", "optimizer", "attention_kernel")
+TRAINING_KEYS = (
+    "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
+    "grad_reduce_dtype", "main_grad_accumulation",
+)
 PARALLEL_KEYS = (
     "tp",
     "pp",
@@ -26,6 +32,7 @@ PARALLEL_KEYS = (
     "schedule",
     "virtual_stages",
     "recompute",
+    "recompute_layers",
     "layers_per_stage",
     "tp_comm_overlap",
     "dp_comm_overlap",
@@ -35,6 +42,8 @@ PARALLEL_KEYS = (
     "overlap_slowdown",
 )
 ATTENTION_KERNELS = ("flash", "unfused")
+# bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
+GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
 # SMs a communication kernel occupies while it overlaps compute: NCCL runs one thread block per
 # channel, its blocks never share an SM with compute kernels, and on a DGX with 8 NICs it uses 16 SMs
@@ -60,6 +69,16 @@ class TrainingSetup:
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
+    framework: str = "megatron-core"  # the software-stack profile (sim/stacks/training/)
+    # dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"
+    grad_reduce_dtype: str = "fp32"
+    # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
+    # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
+    main_grad_accumulation: str = "fused"
+
+    @property
+    def grad_reduce_bytes(self) -> float:
+        return GRAD_REDUCE_BYTES[self.grad_reduce_dtype]
 
     @property
     def num_microbatches(self) -> int:
@@ -87,10 +106,36 @@ def _float(table: Mapping[str, Any], key: str, where: str, default: float, minim
     return float(value)
 
 
-def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
-    """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule."""
-    model = resolve_model(config)
+def parse_schedule(parallel: Mapping[str, Any], base_dir: Path | None) -> tuple[str, int]:
+    """(schedule, chunks per stage) of a ``[parallel]`` table: a ``file:PATH`` schedule resolved
+    against ``base_dir`` (the config file's folder), ``virtual_stages`` turned into chunks per stage
+    (V shapes 2; hanayo 2 per wave, ``virtual_stages`` = waves; a file what its program holds)."""
+    schedule = parallel.get("schedule", "1f1b")
+    if not isinstance(schedule, str):
+        raise ConfigError(f"[parallel] schedule = {schedule!r} must be a string")
+    virtual = _int(parallel, "virtual_stages", "parallel", 1)
+    if virtual < 1:
+        raise InvalidPlanError(f"parallel.virtual_stages = {virtual} must be >= 1")
+    if schedule.startswith(FILE_PREFIX):
+        path = Path(schedule[len(FILE_PREFIX):])
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise ConfigError(f"[parallel] schedule = {schedule!r}: no such file {path}")
+        schedule = FILE_PREFIX + str(path.resolve())
+    elif schedule in V_SHAPES and virtual not in (1, 2):
+        raise InvalidPlanError(f"parallel.virtual_stages = {virtual}: schedule '{schedule}' always runs 2 chunks per stage")
+    elif schedule not in SCHEDULES:
+        return schedule, virtual  # ParallelPlan names the rule
+    return schedule, chunks_per_stage(schedule, virtual)
+
+
+def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> TrainingSetup:
+    """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule.
+    ``base_dir``: the config file's folder (a ``file:`` schedule resolves against it)."""
     training = section(config, "training")
+    seq_len = training.get("seq_len")
+    model = resolve_model(config, default_max_seq_len=seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None)
     parallel = section(config, "parallel", required=False)
     reject_unknown_keys(training, "training", TRAINING_KEYS)
     reject_unknown_keys(parallel, "parallel", PARALLEL_KEYS)
@@ -104,9 +149,14 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         precision=str(training.get("precision", "bf16")),
         optimizer=str(training.get("optimizer", "adam")),
     )
-    attention_kernel = str(training.get("attention_kernel", "flash"))
-    if attention_kernel not in ATTENTION_KERNELS:
-        raise ConfigError(f"[training] attention_kernel = '{attention_kernel}' must be one of {', '.join(ATTENTION_KERNELS)}")
+    stack, settings = resolve_settings("training", config)
+    attention_kernel = settings["attention_kernel"]
+    grad_reduce = settings["grad_reduce_dtype"]
+    if grad_reduce == "auto":
+        # Megatron's rule: fp16 training reduces 16-bit gradients, bf16 (and fp8) needs fp32
+        grad_reduce = "fp16" if job.precision == "fp16" else "fp32"
+    elif grad_reduce == "bf16" and job.precision == "fp16":
+        raise ConfigError("[training] grad_reduce_dtype = 'bf16' with precision 'fp16'; allowed: auto, fp32")
 
     tp = _int(parallel, "tp", "parallel", 1)
     pp = _int(parallel, "pp", "parallel", 1)
@@ -134,7 +184,9 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
         raise ConfigError(f"[parallel] layers_per_stage = {layers!r} must be a list of integers")
+    schedule, chunks = parse_schedule(parallel, base_dir)
     plan = ParallelPlan(
+        recompute_layers=_recompute_layers(parallel, pp),
         tp=tp,
         pp=pp,
         dp=dp,
@@ -143,11 +195,14 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         sequence_parallel=_bool(parallel, "sequence_parallel", "parallel", False),
         zero=_int(parallel, "zero", "parallel", 0),
         hsdp=_bool(parallel, "hsdp", "parallel", False),
-        schedule=str(parallel.get("schedule", "1f1b")),
-        virtual_stages=_int(parallel, "virtual_stages", "parallel", 1),
+        schedule=schedule,
+        virtual_stages=chunks,
         recompute=str(parallel.get("recompute", "none")),
         layers_per_stage=tuple(layers),
-        tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False),
+        # the stack's default applies where it can (sequence parallel, tp > 1); with tp = 1 there is
+        # nothing to overlap and the flag is accepted
+        tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False) if "tp_comm_overlap" in parallel
+        else settings["tp_comm_overlap"] and tp > 1 and _bool(parallel, "sequence_parallel", "parallel", False),
         offload=str(parallel.get("offload", "none")),
         cp_comm=str(parallel.get("cp_comm", "ring")),
     )
@@ -158,12 +213,29 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         job=job,
         plan=plan,
         attention_kernel=attention_kernel,
-        dp_comm_overlap=_bool(parallel, "dp_comm_overlap", "parallel", True),
+        dp_comm_overlap=settings["dp_comm_overlap"],
         expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0),
         overlap_slowdown=_float(
             parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0
         ),
+        framework=stack.name,
+        grad_reduce_dtype=grad_reduce,
+        main_grad_accumulation=settings["main_grad_accumulation"],
     )
+
+
+def _recompute_layers(parallel: Mapping[str, Any], pp: int) -> tuple[int, ...]:
+    """``[parallel] recompute_layers``: an int for every stage or a list with one entry per stage."""
+    value = parallel.get("recompute_layers", 0)
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"[parallel] recompute_layers = {value} must be >= 0")
+        return (value,) * pp if value else ()
+    if isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        if len(value) != pp:
+            raise ConfigError(f"[parallel] recompute_layers = {value} has {len(value)} entries; needs pp = {pp} (one per stage)")
+        return tuple(value) if any(value) else ()
+    raise ConfigError(f"[parallel] recompute_layers = {value!r} must be an integer or a list of integers (one per stage)")
 
 
 def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan) -> None:
@@ -185,7 +257,9 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
     for label, width in widths:
         if width % plan.tp:
             raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of model {model.name}")
-    stage_layer_counts(model.layers, plan)
+    place = plan_placement(plan)
+    stage_layer_counts(model.layers, plan, place)
+    chunk_recompute_counts(model.layers, plan, place)
     if plan.ep > 1:
         if not model.is_moe:
             raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
@@ -200,7 +274,8 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
         raise InvalidPlanError(
             f"schedule 'interleaved' needs the {num_microbatches} micro-batches to be a multiple of pp {plan.pp}"
         )
-    if plan.tp_comm_overlap and not plan.sequence_parallel:
+    schedule_program(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # the program is valid
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
     if job.seq_len > model.max_seq_len and model.position == "learned":
         raise InvalidPlanError(

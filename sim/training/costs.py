@@ -16,7 +16,7 @@ from typing import Mapping
 from hardware.collectives import GroupLinks, collective_time_s
 from sim import costmodel
 from sim.training.config import TrainingSetup
-from sim.training.activations import activation_bytes_per_layer
+from sim.training.activations import layer_activation_parts, stored_activation_bytes
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork
@@ -116,8 +116,11 @@ def attention_sequences(setup: TrainingSetup) -> tuple[tuple[tuple[int, int], ..
     return tuple([(s, s)] * b), True
 
 
-def layer_passes(setup: TrainingSetup, moe: bool) -> tuple[list[Op], list[Op], list[Op]]:
-    """(F, B, W) ops of one layer for one micro-batch; B starts with the recomputed forward ops."""
+def layer_passes(
+    setup: TrainingSetup, moe: bool, full_recompute: bool = False
+) -> tuple[list[Op], list[Op], list[Op]]:
+    """(F, B, W) ops of one layer for one micro-batch; B starts with the recomputed forward ops
+    (all of them when ``full_recompute``, one of the ``recompute_layers``; else per ``plan.recompute``)."""
     job, plan = setup.job, setup.plan
     sequences, causal = attention_sequences(setup)
     forward = layer_forward_ops(
@@ -132,7 +135,7 @@ def layer_passes(setup: TrainingSetup, moe: bool) -> tuple[list[Op], list[Op], l
         causal=causal,
         fused_attention=setup.attention_kernel == "flash",
     )
-    if plan.recompute == "full":
+    if plan.recompute == "full" or full_recompute:
         recompute = forward
     elif plan.recompute == "selective":
         recompute = [op for op in forward if op.kind == "attention" or op.name.startswith("attention_")
@@ -140,7 +143,27 @@ def layer_passes(setup: TrainingSetup, moe: bool) -> tuple[list[Op], list[Op], l
     else:
         recompute = []
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
-    return forward, b_ops, w_ops
+    return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
+    """W ops with the stack's main-grad accumulation. "unfused" (Megatron-LM 2021's grad hook,
+    ``main_grad.add_(grad)``): after each weight-gradient GEMM an add kernel reads the 16-bit gradient
+    the GEMM wrote and reads and writes the main-grad element (``grad_reduce_dtype``), every
+    micro-batch. "fused" (Megatron-Core gradient_accumulation_fusion / TE fuse_wgrad_accumulation):
+    the GEMM epilogue reads and writes the fp32 C instead, hidden under the compute-bound main loop
+    of a weight-gradient GEMM, so no separate kernel. "none": autograd writes ``.grad`` directly."""
+    if setup.main_grad_accumulation != "unfused":
+        return w_ops
+    out: list[Op] = []
+    per_element = 2.0 * setup.grad_reduce_bytes
+    for op in w_ops:
+        out.append(op)
+        if op.kind == "gemm":
+            elements = op.m * op.n * op.batch
+            out.append(Op(name=f"{op.name}_accumulate", kind="memory",
+                          bytes_moved=elements * (op.bytes_per_element + per_element)))
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,7 +269,11 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
         ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
     if last:
         ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
-    return [(forward, *backward_ops(forward)) for forward in ends]
+    out = []
+    for forward in ends:
+        b_ops, w_ops = backward_ops(forward)
+        out.append((forward, b_ops, accumulate_main_grads(setup, w_ops)))
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,17 +290,19 @@ def chunk_cost(
     first: bool,
     last: bool,
     links: Mapping[str, GroupLinks],
-    layer_cache: dict[bool, LayerCost],
+    layer_cache: dict[tuple[bool, bool], LayerCost],
     cache: PricingCache | None = None,
+    recomputed: int = 0,
 ) -> ChunkCost:
-    """F, B and W of one micro-batch through a chunk holding ``layers`` (global layer indices)."""
+    """F, B and W of one micro-batch through a chunk holding ``layers`` (global layer indices), the
+    first ``recomputed`` of them fully recomputed (``parallel.recompute_layers``)."""
     model, job, plan = setup.model, setup.job, setup.plan
     costs: list[LayerCost] = []
-    for layer in layers:
-        moe = model.is_moe and layer >= model.dense_layers
-        if moe not in layer_cache:
-            layer_cache[moe] = price_layer(setup, layer_passes(setup, moe), links, cache)
-        costs.append(layer_cache[moe])
+    for index, layer in enumerate(layers):
+        key = (model.is_moe and layer >= model.dense_layers, index < recomputed)
+        if key not in layer_cache:
+            layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
+        costs.append(layer_cache[key])
     costs += [price_layer(setup, ops, links, cache) for ops in end_ops(setup, first=first, last=last)]
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
@@ -288,14 +317,17 @@ def chunk_cost(
         # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends
         # its 1/tp slice between stages and the receiver all-gathers it over NVLink
         send /= plan.tp
-    per_layer_activation = activation_bytes_per_layer(model, plan, job, flash_attention=setup.attention_kernel == "flash")
+    parts = layer_activation_parts(
+        model, plan, job, moe=model.is_moe, flash_attention=setup.attention_kernel == "flash", dropout=True
+    )
+    per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     work = ChunkWork(
         forward_s=sum(c.forward.total_s for c in costs),
         backward_input_s=sum(c.backward_input.total_s for c in costs),
         backward_weight_s=sum(c.backward_weight.total_s for c in costs),
         exposed_comm_s=exposed,
         recompute_s=sum(c.recompute_s for c in costs),
-        activation_bytes=len(layers) * per_layer_activation,
+        activation_bytes=(len(layers) - recomputed) * per_layer_activation + recomputed * parts[2],
         send_bytes=send,
         layers=len(layers),
     )

@@ -14,6 +14,7 @@ from sim.training.pricing_cache import PricingCache
 from sim.training.work import CommWork
 from workloads.graph import Op
 from sim.training.schedules import plan_layer_counts, plan_placement
+from workloads.plan import chunk_recompute_counts
 
 # Enum members looked up once (attribute access on an Enum class is slow in a search loop)
 _ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
@@ -46,23 +47,25 @@ def optimizer_bytes_per_parameter(optimizer: str, precision: str) -> float:
     return update + extra
 
 
-ChunkSignature = tuple[int, int, bool, bool]  # (dense layers, layers, holds embedding, holds LM head)
+# (dense layers, layers, holds embedding, holds LM head, layers fully recomputed)
+ChunkSignature = tuple[int, int, bool, bool, int]
 
 
 def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], ...]:
     """Every stage's chunks as signatures, in model order. A chunk's price and parameters depend on its
     layers only through how many are dense and how many MoE (dense layers come first) and on whether
-    it holds the embedding / LM head."""
+    it holds the embedding / LM head, and on how many of its first layers it recomputes in full."""
     model, plan = setup.model, setup.plan
     counts = plan_layer_counts(model.layers, plan)
     place = plan_placement(plan)
+    recomputed = chunk_recompute_counts(model.layers, plan, place)
     dense_layers = model.dense_layers if model.is_moe else model.layers
     last_chunk = len(counts) - 1
     signatures: list[list[ChunkSignature]] = [[] for _ in range(plan.pp)]
     start = 0
     for chunk, count in enumerate(counts):
         dense = min(max(dense_layers - start, 0), count)
-        signatures[place[chunk]].append((dense, count, chunk == 0, chunk == last_chunk))
+        signatures[place[chunk]].append((dense, count, chunk == 0, chunk == last_chunk, recomputed[chunk]))
         start += count
     return tuple(tuple(stage) for stage in signatures)
 
@@ -73,7 +76,7 @@ def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, 
     model, plan = setup.model, setup.plan
     per_layer: dict[bool, float] = {}  # parameters per rank of a dense / MoE layer, computed once
     params = 0.0
-    for dense, count, _, _ in signature:
+    for dense, count, *_ in signature:
         for index in range(count):
             moe = model.is_moe and index >= dense
             if moe not in per_layer:
@@ -85,9 +88,9 @@ def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, 
                     per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
             params += per_layer[moe]
     table = model.vocab * model.hidden / plan.tp
-    if any(first for _, _, first, _ in signature):
+    if any(chunk[2] for chunk in signature):
         params += table
-    if any(last for _, _, _, last in signature) and (not model.tied_embeddings or plan.pp > 1):
+    if any(chunk[3] for chunk in signature) and (not model.tied_embeddings or plan.pp > 1):
         params += table
     return params
 
@@ -107,8 +110,8 @@ def grad_sync_work(
     ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
     all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
     inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
-    fp32 for bf16/fp8 training (Megatron accumulates and reduces main grads in fp32 for bf16) and in
-    fp16 for fp16 training. All full buckets have one size, so they are priced once.
+    ``setup.grad_reduce_dtype`` (the stack's rule: fp32 for bf16/fp8 training as Megatron's main grads,
+    16-bit for fp16; bf16 with --grad-reduce-in-bf16). All full buckets have one size, so they are priced once.
     """
     return grad_sync_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
 
@@ -122,7 +125,7 @@ def grad_sync_for_parameters(
     group = links["dp"]
     if group.size <= 1:
         return ()
-    grad_bytes = 2.0 if setup.job.precision == "fp16" else 4.0
+    grad_bytes = setup.grad_reduce_bytes
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     shard = links["dp_shard"].size if plan.hsdp else group.size

@@ -33,9 +33,9 @@ from sim.training.schedules import plan_profile
 from sim.training.run import model_flops_per_iteration, training_metrics
 from workloads.plan import ParallelPlan
 
-# ParallelPlan fields a stage memory class does not depend on beyond its (dense, MoE, first, last)
-# key; pp matters only through pp > 1 (tied LM head) and the world size through > 1 (NCCL buffers).
-_NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage")
+# ParallelPlan fields a stage memory class does not depend on beyond its (dense, MoE, first, last,
+# recomputed) key; pp matters only through pp > 1 (tied LM head) and the world size through > 1 (NCCL buffers).
+_NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage", "recompute_layers")
 _MEMORY_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_MEMORY_FIELDS)
 _memory_plan_values = attrgetter(*_MEMORY_PLAN_FIELDS)  # plan -> tuple of those fields' values
 # ... and its ``stage_memory_terms`` not on sharding, ZeRO, offload or the schedule either (the
@@ -50,7 +50,7 @@ _NESTED_METRICS = ("exposed_communication_s", "memory_bytes", "offloaded_bytes",
 def _memory_classes(
     setup: TrainingSetup, priced: IterationClasses, cache: PricingCache
 ) -> tuple[StageMemoryClass, ...]:
-    """``stage_memory_class`` of every (dense, MoE, first, last) memory kind of ``priced.layout``.
+    """``stage_memory_class`` of every (dense, MoE, first, last, recomputed) memory kind of ``priced.layout``.
     Their ``stage_memory_terms`` (parameters and activations before sharding) are memoized without
     the ZeRO, offload and data-parallel fields, so plans differing only there share them and redo
     just the sharding arithmetic of ``stage_memory_class``."""
@@ -66,17 +66,18 @@ def _memory_classes(
         terms_key,
         lambda: tuple(
             stage_memory_terms(
-                model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last, flash_attention=flash
+                model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
+                recomputed_layers=recomputed, flash_attention=flash,
             )
-            for dense, moe, first, last in kinds
+            for dense, moe, first, last, recomputed in kinds
         ),
     )
     return tuple(
         stage_memory_class(
-            model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last, flash_attention=flash,
-            terms=kind_terms,
+            model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
+            recomputed_layers=recomputed, flash_attention=flash, terms=kind_terms,
         )
-        for (dense, moe, first, last), kind_terms in zip(kinds, terms)
+        for (dense, moe, first, last, recomputed), kind_terms in zip(kinds, terms)
     )
 
 

@@ -60,7 +60,10 @@ def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[
 
 # ParallelPlan fields a chunk's price does not depend on (they shape stages, links and the
 # optimizer, which other keys carry); every other field, including any added later, is in the key.
-_NOT_CHUNK_FIELDS = ("pp", "dp", "zero", "hsdp", "schedule", "virtual_stages", "layers_per_stage", "offload")
+# (recompute_layers reaches a chunk through its signature)
+_NOT_CHUNK_FIELDS = (
+    "pp", "dp", "zero", "hsdp", "schedule", "virtual_stages", "layers_per_stage", "recompute_layers", "offload",
+)
 _CHUNK_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_CHUNK_FIELDS)
 _chunk_plan_values = attrgetter(*_CHUNK_PLAN_FIELDS)  # plan -> tuple of those fields' values
 
@@ -86,7 +89,8 @@ class PricingKeys(NamedTuple):
 # not depend on beyond its parameter count and links, which its key carries; every other field,
 # including any added later, is in the key.
 _NOT_DP_PLAN_FIELDS = (
-    "tp", "pp", "cp", "ep", "sequence_parallel", "schedule", "recompute", "layers_per_stage", "tp_comm_overlap", "cp_comm",
+    "tp", "pp", "cp", "ep", "sequence_parallel", "schedule", "recompute", "recompute_layers", "layers_per_stage",
+    "tp_comm_overlap", "cp_comm",
 )
 _DP_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_DP_PLAN_FIELDS)
 _DP_JOB_FIELDS = tuple(f.name for f in fields(TrainingJob) if f.name not in ("seq_len", "global_batch", "micro_batch"))
@@ -101,10 +105,14 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     ids = cache.spec_ids(setup.model, setup.cluster)
     chunk_context = cache.intern((
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
-        setup.overlap_slowdown, _chunk_plan_values(plan),
+        setup.overlap_slowdown, _chunk_plan_values(plan), setup.main_grad_accumulation, setup.grad_reduce_dtype,
     ))
-    setup_context = cache.intern(("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap))
-    dp_context = cache.intern(("dp", ids.cluster, setup.dp_comm_overlap, _dp_job_values(job), _dp_plan_values(plan)))
+    setup_context = cache.intern(
+        ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
+    )
+    dp_context = cache.intern(
+        ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, _dp_job_values(job), _dp_plan_values(plan))
+    )
     return PricingKeys(
         chunk=chunk_context, setup=setup_context, data_parallel=dp_context, model=ids.model, cluster=ids.cluster
     )
@@ -131,7 +139,7 @@ class StageLayout(NamedTuple):
     links_keys: tuple[tuple[int, ...], ...]  # per class: interned links per GROUP_AXES axis
     chunk_ranges: tuple[tuple[tuple[range, bool, bool], ...], ...]  # per class: its first stage's chunks
     stage_class: tuple[int, ...]  # class index of every stage
-    memory_kinds: tuple[tuple[int, int, bool, bool], ...]  # memory.stage_memory_classes(model, plan)
+    memory_kinds: tuple[tuple[int, int, bool, bool, int], ...]  # memory.stage_memory_classes(model, plan)
     memory_class: tuple[int, ...]
     memory_first_stage: tuple[int, ...]  # per memory kind: its first stage
     p2p_bandwidth_Bps: tuple[float, ...]  # p2p_links: stage i -> (i + 1) % pp
@@ -145,7 +153,8 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     cluster_id = keys.cluster if keys is not None else cache.cluster_id(setup.cluster)
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
-        plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.layers_per_stage, plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
+        plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.layers_per_stage, plan.recompute_layers,
+        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 
@@ -195,12 +204,15 @@ def _chunks_of_class(
     """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
     signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
     # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
-    layer_cache: dict[bool, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
+    layer_cache: dict[tuple[bool, bool], LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
     costs = [
         cache.memo(
             "chunk",
             (chunk_context, links_key, chunk_signature),
-            lambda: chunk_cost(setup, layers=layers, first=first, last=last, links=links, layer_cache=layer_cache, cache=cache),
+            lambda: chunk_cost(
+                setup, layers=layers, first=first, last=last, recomputed=chunk_signature[4], links=links,
+                layer_cache=layer_cache, cache=cache,
+            ),
         )
         for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature)
     ]

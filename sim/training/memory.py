@@ -31,6 +31,7 @@ from sim.training.activations import (
     TOKEN_ID_BYTES,
     inflight_microbatches,
     layer_activation_parts,
+    stored_activation_bytes,
 )
 from workloads.model import ModelSpec
 from sim.training.schedules import plan_layer_counts, plan_placement, plan_profile
@@ -118,6 +119,11 @@ def _layer_params(model: ModelSpec, plan: ParallelPlan, moe: bool) -> _LayerPara
         return _LayerParams(dense=attention + norms + router + shared, expert=routed, matmul=attention + shared + routed)
     mlp = model.mlp_parameters(model.ffn_hidden) / t
     return _LayerParams(dense=attention + norms + mlp, expert=0.0, matmul=attention + mlp)
+
+
+def stage_recompute_counts(model: ModelSpec, plan: ParallelPlan) -> tuple[int, ...]:
+    """Fully recomputed layers of every stage (``parallel.recompute_layers``; 0 when not given)."""
+    return plan.recompute_layers or (0,) * plan.pp
 
 
 def stage_layer_kinds(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[int, int], ...]:
@@ -221,11 +227,14 @@ def stage_memory_terms(
     moe_layers: int,
     first: bool,
     last: bool,
+    recomputed_layers: int = 0,
     flash_attention: bool = True,
     dropout: bool = True,
 ) -> StageMemoryTerms:
     """Parameters, stored activations per micro-batch and working sets of a stage class, before
-    data-parallel sharding, ZeRO and offload (see ``stage_memory_class``)."""
+    data-parallel sharding, ZeRO and offload (see ``stage_memory_class``). ``recomputed_layers`` of
+    the stage's layers (dense ones first, as they come first in the model) keep only their input
+    (``parallel.recompute_layers``); the others follow ``plan.recompute``."""
     t = plan.tp
 
     # parameters on this rank: its layers, the input embedding on the first stage, the LM head on the
@@ -254,11 +263,13 @@ def stage_memory_terms(
         if count
     }
 
-    def stored(parts: tuple[float, float, float]) -> float:
-        full, core, layer_input = parts
-        return layer_input if plan.recompute == "full" else full - core if plan.recompute == "selective" else full
-
-    stored_per_microbatch = sum((moe_layers if moe else dense_layers) * stored(parts) for moe, parts in per_kind.items())
+    recomputed_dense = min(recomputed_layers, dense_layers)
+    recomputed = {False: recomputed_dense, True: recomputed_layers - recomputed_dense}
+    stored_per_microbatch = sum(
+        ((moe_layers if moe else dense_layers) - recomputed[moe]) * stored_activation_bytes(parts, plan.recompute)
+        + recomputed[moe] * parts[2]
+        for moe, parts in per_kind.items()
+    )
     tokens = job.seq_len / plan.cp * job.micro_batch
     sp = t if plan.sequence_parallel else 1
     first_bytes_per_token = 0.0
@@ -272,6 +283,9 @@ def stage_memory_terms(
     if per_kind and plan.recompute != "none":
         parts = per_kind[moe_layers > 0]
         recompute_working = parts[1] if plan.recompute == "selective" else parts[0] - parts[2]
+    if recomputed_layers:  # a fully recomputed layer re-materialises all it did not keep
+        parts = per_kind[recomputed[True] > 0]
+        recompute_working = max(recompute_working, parts[0] - parts[2])
 
     # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
     # held for as many micro-batches as the schedule program keeps in flight on the last chunk (every
@@ -295,6 +309,7 @@ def stage_memory_class(
     moe_layers: int,
     first: bool,
     last: bool,
+    recomputed_layers: int = 0,
     flash_attention: bool = True,
     dropout: bool = True,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
@@ -306,7 +321,7 @@ def stage_memory_class(
     if terms is None:
         terms = stage_memory_terms(
             model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=first, last=last,
-            flash_attention=flash_attention, dropout=dropout,
+            recomputed_layers=recomputed_layers, flash_attention=flash_attention, dropout=dropout,
         )
     dense, expert, matmul, largest_layer = terms.dense, terms.expert, terms.matmul, terms.largest_layer
     job.num_microbatches(plan.dp)  # raises InvalidPlanError when global_batch does not divide
@@ -385,23 +400,27 @@ def stage_memory(
     place = plan_placement(plan)
     kind = stage_memory_class(
         model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=stage == place[0],
-        last=stage == place[-1], flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
+        last=stage == place[-1], recomputed_layers=stage_recompute_counts(model, plan)[stage],
+        flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
     )
     inflight = inflight_microbatches(plan, job.num_microbatches(plan.dp), stage)
     return kind.breakdown(stage=stage, inflight=inflight, capacity_bytes=capacity_bytes)
 
 
-def stage_memory_classes(
-    model: ModelSpec, plan: ParallelPlan
-) -> tuple[tuple[tuple[int, int, bool, bool], ...], tuple[int, ...]]:
-    """(distinct (dense layers, MoE layers, first, last) in order of first appearance, class index of
-    every stage): stages of one class differ in memory only through their in-flight micro-batches."""
-    keys: dict[tuple[int, int, bool, bool], int] = {}
+MemoryKind = tuple[int, int, bool, bool, int]  # (dense layers, MoE layers, first, last, recomputed layers)
+
+
+def stage_memory_classes(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[MemoryKind, ...], tuple[int, ...]]:
+    """(distinct (dense layers, MoE layers, first, last, recomputed layers) in order of first
+    appearance, class index of every stage): stages of one class differ in memory only through their
+    in-flight micro-batches."""
+    keys: dict[MemoryKind, int] = {}
     stage_class = []
     place = plan_placement(plan)
     first_stage, last_stage = place[0], place[-1]
+    recomputed = stage_recompute_counts(model, plan)
     for stage, (dense, moe) in enumerate(stage_layer_kinds(model, plan)):
-        key = (dense, moe, stage == first_stage, stage == last_stage)
+        key = (dense, moe, stage == first_stage, stage == last_stage, recomputed[stage])
         stage_class.append(keys.setdefault(key, len(keys)))
     return tuple(keys), tuple(stage_class)
 
@@ -422,9 +441,9 @@ def memory_per_stage(
     kinds = [
         stage_memory_class(
             model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
-            flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
+            recomputed_layers=recomputed, flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
         )
-        for dense, moe, first, last in keys
+        for dense, moe, first, last, recomputed in keys
     ]
     m = job.num_microbatches(plan.dp)
     return tuple(

@@ -80,6 +80,7 @@ def training_metrics(
         "num_microbatches": setup.num_microbatches,
         "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
         "fidelity": fidelity,
+        "framework": setup.framework,
     }
 
 
@@ -116,7 +117,9 @@ class TrainingResult:
             f"({setup.cluster.node.name}, {setup.cluster.network.name})",
             f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}  zero {plan.zero}  "
             f"schedule {plan.schedule}{f' (v={plan.virtual_stages})' if plan.virtual_stages > 1 else ''}  "
-            f"recompute {plan.recompute}  micro-batches {m['num_microbatches']}  fidelity {m['fidelity']}",
+            f"recompute {plan.recompute}"
+            f"{f' (full on {list(plan.recompute_layers)} layers per stage)' if plan.recompute_layers else ''}"
+            f"  micro-batches {m['num_microbatches']}  fidelity {m['fidelity']}",
             "",
             f"iteration time        {m['iteration_time_s']:.4f} s",
             f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU)",
@@ -212,7 +215,7 @@ class TrainingResult:
 
 def simulate_training(config: Mapping[str, Any], options: RunOptions) -> TrainingResult:
     """Run one training iteration at the requested fidelity."""
-    setup = parse_training(config)
+    setup = parse_training(config, options.config_dir)
     work = build_iteration(setup)
     memory = memory_per_stage(
         setup.model, setup.plan, setup.job,

@@ -15,7 +15,7 @@ from sim.errors import ConfigError
 from sim.serving.capacity import replica_memory, routed_expert_parameters, weights_bytes_per_gpu
 from sim.serving.config import check_model_parallelism, gpus_per_replica, parse_serving
 from sim.serving.stepcost import ReplicaShape, StepCostModel
-from validation.serving_suite import trtllm_09_decode_attention
+from sim.serving.stepcost import xqa_decode_attention as trtllm_09_decode_attention
 from workloads.catalog import get_model
 from workloads.graph import expected_active_experts
 

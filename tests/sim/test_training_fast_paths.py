@@ -50,8 +50,8 @@ def test_first_stages_of_memory_classes() -> None:
     assert list(layout.memory_first_stage) == sorted(layout.memory_first_stage)
     model, plan, job = setup.model, setup.plan, setup.job
     kinds = tuple(
-        stage_memory_class(model, plan, job, dense_layers=d, moe_layers=m, first=f, last=last)
-        for d, m, f, last in layout.memory_kinds
+        stage_memory_class(model, plan, job, dense_layers=d, moe_layers=m, first=f, last=last, recomputed_layers=r)
+        for d, m, f, last, r in layout.memory_kinds
     )
     m = setup.num_microbatches
     capacity = setup.cluster.gpu.hbm_capacity_bytes

@@ -42,8 +42,8 @@ def test_peak_stage_memory_is_the_first_stage_with_the_largest_total(name: str) 
     capacity = setup.cluster.gpu.hbm_capacity_bytes
     layout = stage_layout(setup, PricingCache())
     kinds = tuple(
-        stage_memory_class(model, plan, job, dense_layers=d, moe_layers=m, first=f, last=last)
-        for d, m, f, last in layout.memory_kinds
+        stage_memory_class(model, plan, job, dense_layers=d, moe_layers=m, first=f, last=last, recomputed_layers=r)
+        for d, m, f, last, r in layout.memory_kinds
     )
     m = setup.num_microbatches
     peak = peak_stage_memory(kinds, layout.memory_class, plan, m, capacity_bytes=capacity)

@@ -88,7 +88,7 @@ def test_stage_classes_group_equal_stages(name: str) -> None:
     assert len(layout.stage_class) == setup.plan.pp
     for stage, index in enumerate(layout.stage_class):
         assert layout.signatures[index] == signatures[stage]
-        assert sum(layers for _, layers, _, _ in signatures[stage]) == sum(c.layers for c in work.stages[stage].chunks)
+        assert sum(chunk[1] for chunk in signatures[stage]) == sum(c.layers for c in work.stages[stage].chunks)
     # an as-even-as-possible split has first, last and at most two middle sizes, times the link patterns
     if not setup.plan.layers_per_stage:
         assert len(layout.signatures) <= 4 * len(set(layout.links_keys))
@@ -97,14 +97,14 @@ def test_stage_classes_group_equal_stages(name: str) -> None:
 def test_even_split_has_first_middle_last_classes() -> None:
     setup = parse_training(CONFIGS["gpt-even-1f1b"])
     signatures = {s for s in stage_signatures(setup)}
-    assert signatures == {((12, 12, True, False),), ((12, 12, False, False),), ((12, 12, False, True),)}
+    assert signatures == {((12, 12, True, False, 0),), ((12, 12, False, False, 0),), ((12, 12, False, True, 0),)}
 
 
 def test_dense_first_layers_of_moe_model_are_counted_as_dense() -> None:
     setup = parse_training(CONFIGS["deepseek-dense-first"])
     model = setup.model
     signatures = stage_signatures(setup)
-    assert sum(dense for stage in signatures for dense, _, _, _ in stage) == model.dense_layers
+    assert sum(chunk[0] for stage in signatures for chunk in stage) == model.dense_layers
     assert signatures[0][0][0] == min(model.dense_layers, signatures[0][0][1])
 
 

@@ -11,7 +11,11 @@ from sim.serving.analytic import static_batch_times
 from sim.serving.config import parse_serving
 from sim.serving.request import SimRequest
 from sim.serving.run import build_system, run
-from validation.serving_suite import cost_model, load_rows, run_serving_suite
+from hardware.catalog import get_gpu, get_network, get_node
+from hardware.topology import build_cluster
+from sim.serving.stepcost import ReplicaShape, StepCostModel
+from workloads.catalog import get_model
+from validation.serving_suite import load_rows, row_config, run_serving_suite
 
 
 @functools.cache
@@ -24,7 +28,7 @@ def test_every_published_row_is_present_and_cited() -> None:
     metrics = [r.metric for r in rows]
     assert metrics.count("output_tokens_per_s_per_gpu") == 24  # TensorRT-LLM v0.9.0 throughput table
     assert metrics.count("first_token_latency_s") == 12  # 6 models x 2 input lengths
-    assert sum(r.source == "fastertransformer" for r in rows) == 6
+    assert sum(r.framework == "fastertransformer" for r in rows) == 6
     assert all(r.citation for r in rows)
 
 
@@ -67,10 +71,13 @@ def test_rows_above_the_physical_bound_are_reported_not_counted() -> None:
 
 
 def test_static_batch_closed_form_equals_the_des() -> None:
-    # the suite prices rows with static_batch_times; the DES static scheduler must give the same
-    # timeline for a static batch of identical requests (rel 1e-9: same arithmetic, summed in order)
-    row = next(r for r in load_rows() if r.model == "llama2-7b" and r.batch == 32 and r.output_tokens == 128)
-    cost = cost_model(row)
+    # static_batch_times (the closed form) and the DES static scheduler give the same timeline for a
+    # static batch of identical requests (rel 1e-9: same arithmetic, summed in order)
+    gpu = get_gpu("a100-sxm-80gb")
+    node = get_node(gpu.default_node)
+    shape = ReplicaShape(model=get_model("llama2-7b"), cluster=build_cluster(gpu, node, get_network(node.default_network), 1),
+                         tp=1, weight_precision="fp16", kv_precision="fp16", activation_precision="fp16")
+    cost = StepCostModel(shape, step_overhead_s=0.0, request_overhead_s=0.0)
     batch, isl, osl = 8, 256, 16
     closed = static_batch_times(cost, batch=batch, input_tokens=isl, output_tokens=osl)
     spec = parse_serving({"tp": 1, "scheduler": "static", "max_num_seqs": batch, "step_overhead_us": 0.0,
@@ -80,3 +87,20 @@ def test_static_batch_closed_form_equals_the_des() -> None:
     run(system, requests, rng=np.random.default_rng(0))
     assert requests[0].first_token_s == pytest.approx(closed.prefill_s, rel=1e-9)
     assert max(r.finish_s for r in requests) == pytest.approx(closed.total_s, rel=1e-9)  # type: ignore[type-var]
+
+
+def test_every_row_runs_the_user_path() -> None:
+    # each row's prediction is what `llmsim simulate` gives on the config `llmsim validate -v` prints
+    import tomllib
+
+    from sim.runner import RunOptions, simulate
+    from sim.toml_writer import dumps
+
+    report = _report()
+    row = next(r for r in load_rows() if r.model == "llama2-7b" and r.batch == 32 and r.output_tokens == 128)
+    (comparison,) = [c for c in report.comparisons if c.row == row.label and c.metric == row.metric]
+    config = tomllib.loads(dumps(comparison.config))
+    assert config == row_config(row) and config["serving"]["framework"] == "trtllm-0.9"
+    metrics = simulate(config, RunOptions()).metrics()
+    assert metrics["framework"] == "trtllm-0.9"
+    assert metrics["output_tokens_per_s"] / row.tp == comparison.predicted

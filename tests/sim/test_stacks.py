@@ -1,0 +1,125 @@
+"""Software-stack profiles (sim/stacks/): catalog, selection by `framework`, user overrides, and the
+mechanisms the profiles switch (unfused main-grad accumulation, gradient-reduction dtype, the
+decode-attention rule), each on a tiny case with its closed form."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sim.errors import ConfigError
+from sim.runner import RunOptions
+from sim.stacks import DEFAULT_FRAMEWORK, SETTINGS, get_stack, profiles
+from sim.training.config import parse_training
+from sim.training.costs import layer_passes
+from sim.training.data_parallel import grad_sync_work
+from sim.training.costs import group_links
+from sim.training.run import simulate_training
+
+TRAINING_STACKS = {"megatron-2021", "deepspeed-zero-2021", "megatron-core", "torchtitan", "llm-foundry"}
+SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "fastertransformer"}
+
+
+def test_catalog_holds_every_stack_with_every_setting_sourced() -> None:
+    assert set(profiles("training")) == TRAINING_STACKS
+    assert set(profiles("serving")) == SERVING_STACKS
+    for kind in ("training", "serving"):
+        assert DEFAULT_FRAMEWORK[kind] in profiles(kind)
+        for profile in profiles(kind).values():
+            assert set(profile.settings) == set(SETTINGS[kind])
+            assert all(profile.sources[key].strip() for key in profile.settings)
+
+
+def _config(**training) -> dict:
+    return {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 2048, "global_batch": 16, "micro_batch": 1, "precision": "fp16", **training},
+        "parallel": {"tp": 1, "pp": 1},
+    }
+
+
+def test_framework_selects_the_profile_and_config_keys_override_it() -> None:
+    old = parse_training(_config(framework="megatron-2021"))
+    assert (old.framework, old.attention_kernel, old.dp_comm_overlap, old.main_grad_accumulation) == (
+        "megatron-2021", "unfused", False, "unfused")
+    default = parse_training(_config())
+    assert default.framework == "megatron-core" and default.attention_kernel == "flash" and default.dp_comm_overlap
+    mixed = parse_training({**_config(framework="megatron-2021", attention_kernel="flash"),
+                            "parallel": {"tp": 1, "pp": 1, "dp_comm_overlap": True}})
+    assert mixed.attention_kernel == "flash" and mixed.dp_comm_overlap and mixed.main_grad_accumulation == "unfused"
+    with pytest.raises(ConfigError, match="framework = 'megatron-1999'; allowed: "):
+        parse_training(_config(framework="megatron-1999"))
+    with pytest.raises(ConfigError, match="main_grad_accumulation = 'sometimes'; allowed: fused, unfused, none"):
+        parse_training(_config(main_grad_accumulation="sometimes"))
+
+
+def test_unknown_framework_is_a_one_line_error_with_exit_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nname = "gpt3-1.7b"\n[cluster]\ngpu = "a100-sxm-80gb"\nnum_gpus = 1\n'
+                    '[training]\nseq_len = 2048\nglobal_batch = 1\nframework = "jax"\n')
+    out = subprocess.run([sys.executable, "-m", "sim", "simulate", str(path)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: [training] framework = 'jax'; allowed: ") and "Traceback" not in out.stderr
+
+
+def test_unfused_main_grad_accumulation_adds_one_add_kernel_per_weight_gradient() -> None:
+    # 2021 Megatron: after each wgrad GEMM, main_grad.add_(grad) reads the 16-bit gradient and reads and
+    # writes the main-grad element (fp16 training reduces in fp16: 2 + 2 x 2 bytes per element)
+    setup = parse_training(_config(framework="megatron-2021"))
+    _, _, w_ops = layer_passes(setup, moe=False)
+    gemms = [op for op in w_ops if op.kind == "gemm"]
+    adds = [op for op in w_ops if op.name.endswith("_accumulate")]
+    assert len(adds) == len(gemms) == 4
+    h = setup.model.hidden
+    assert sum(op.bytes_moved for op in adds) == pytest.approx((4 * h * h + 8 * h * h) * (2 + 2 * 2))
+    fused = parse_training(_config(framework="megatron-2021", main_grad_accumulation="fused"))
+    assert not [op for op in layer_passes(fused, moe=False)[2] if op.name.endswith("_accumulate")]
+    slow = simulate_training(_config(framework="megatron-2021"), RunOptions(fidelity="analytic")).metrics()
+    fast = simulate_training(_config(framework="megatron-2021", main_grad_accumulation="fused"),
+                             RunOptions(fidelity="analytic")).metrics()
+    assert slow["iteration_time_s"] > fast["iteration_time_s"]
+    assert slow["framework"] == "megatron-2021"
+
+
+def test_grad_reduce_dtype_sets_the_bucket_bytes() -> None:
+    def buckets(**training):  # type: ignore[no-untyped-def]
+        setup = parse_training({**_config(precision="bf16", **training)})
+        return sum(w.message_bytes for w in grad_sync_work(setup, 0, group_links(setup, 0)))
+
+    fp32 = buckets()
+    assert buckets(grad_reduce_dtype="bf16") == pytest.approx(fp32 / 2)  # Megatron --grad-reduce-in-bf16
+    assert buckets(grad_reduce_dtype="fp32") == fp32
+    with pytest.raises(ConfigError, match="grad_reduce_dtype = 'bf16' with precision 'fp16'"):
+        parse_training(_config(grad_reduce_dtype="bf16"))
+
+
+def test_tp_comm_overlap_with_tp_1_is_accepted() -> None:
+    config = _config()
+    config["parallel"] = {"tp": 1, "pp": 1, "tp_comm_overlap": True}
+    parse_training(config)  # nothing to overlap, not an error
+
+
+def test_inline_model_needs_no_name_nor_max_seq_len() -> None:
+    config = _config()
+    config["model"] = {"hidden": 2048, "layers": 4, "heads": 16, "kv_heads": 16, "ffn_hidden": 8192, "vocab": 32000,
+                       "activation": "gelu"}
+    setup = parse_training(config)
+    assert setup.model.name == "custom" and setup.model.max_seq_len == 2048
+
+
+def test_serving_framework_sets_overheads_and_decode_attention() -> None:
+    from sim.serving.config import parse_serving
+    from sim.serving.stepcost import decode_attention_kernel
+    from workloads.catalog import get_model
+
+    default = parse_serving({})
+    assert default.framework == "vllm" and default.step_overhead_s == pytest.approx(126e-6)
+    trt = parse_serving({"framework": "trtllm-0.9"})
+    assert trt.step_overhead_s == 0.0 and trt.decode_attention == "xqa"
+    assert parse_serving({"framework": "trtllm-0.9", "step_overhead_us": 50.0}).step_overhead_s == pytest.approx(50e-6)
+    assert decode_attention_kernel("xqa", get_model("llama2-70b"), 8) == "shared_kv"
+    assert decode_attention_kernel("xqa", get_model("mistral-7b"), 1) == "per_query_head"
+    assert get_stack("serving", "fastertransformer").settings["decode_attention"] == "per_query_head"
