@@ -157,6 +157,7 @@ class PipelinePhase(NamedTuple):
     # stages have drained theirs (pipeline time - the backward of the earlier stages, summed in stage order)
     exposed_comm_s: dict[str, float]  # tp, cp, ep (any chunk axis) of the critical stage, and pp; shared,
     # so never modified (finish_iteration copies it)
+    gather_rounds: int = 1  # times each chunk's ZeRO-3 parameters are gathered per pass (``pipeline_phase``)
 
 
 def pipeline_phase(
@@ -203,7 +204,12 @@ def pipeline_phase(
     for k in stage_class:
         last_backward_end.append(pipeline - drain_after)
         drain_after += chunk_of[k].backward_s
-    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed)
+    # ZeRO-3 gathers: FSDP re-gathers a chunk's parameters for every micro-batch that visits it
+    # (parameters are freed after each forward and backward), except in a breadth-first loop, where
+    # all micro-batches run a chunk back to back and one gather per pass serves them all
+    # (Lamy-Poirier 2022, arXiv 2211.05953)
+    rounds = 1 if schedule == "bfs" else m
+    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds)
 
 
 def _program_time(
@@ -222,9 +228,10 @@ def _program_time(
     A path of equal F, B and W counts k (the fused 1F1B family, gpipe, interleaved, bfs) costs
     k x the slowest stage's chunk total; with one chunk per stage its k - m fill and drain ops are
     one per other stage, each at that stage's own speed ((k - p) x slowest + the sum over stages, the
-    classic (m - 1) t_slowest + sum t_s of 1F1B, Narayanan et al. 2021). Split-backward programs
-    price F, B and W separately, each at the slowest stage's value for that pass (ZB-H1: m (F + B + W)
-    + (p - 1)(F + B - W), Qi et al. 2024)."""
+    classic (m - 1) t_slowest + sum t_s of 1F1B, Narayanan et al. 2021). Otherwise (split backward,
+    waves) F, B and W are priced separately at the slowest stage's value for each pass, and each
+    stage s finishes at m t_s + the idle time the program leaves it on uniform stages at those
+    prices (``ProgramProfile.stage_paths``; ZB-H1: m (F + B + W) + (p - 1)(F + B - W), Qi et al. 2024)."""
     paths = profile.critical_paths
     if all(f == b == w for f, b, w in paths):
         k = max(f for f, _, _ in paths)
@@ -235,7 +242,13 @@ def _program_time(
     f = max(t.forward_s for t in used) / v
     b = max(t.backward_input_s for t in used) / v
     w = max(t.backward_weight_s for t in used) / v
-    return max(nf * f + nb * b + nw * w for nf, nb, nw in paths)
+    # each stage finishes after its own m micro-batches plus the idle time its program leaves it on
+    # uniform stages at those prices (exact on uniform stages; the slack of faster stages is not used)
+    uniform = m * v * (f + b + w)
+    return max(
+        m * total + max(nf * f + nb * b + nw * w for nf, nb, nw in ends) - uniform
+        for total, ends in zip(totals, profile.stage_paths)
+    )
 
 
 def finish_iteration(
@@ -257,7 +270,7 @@ def finish_iteration(
     for chunk, dp in zip(chunk_of, dp_of):
         exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         if dp.gathers_s:
-            gather_total = 2.0 * m * sum(dp.gathers_s)
+            gather_total = 2.0 * phase.gather_rounds * sum(dp.gathers_s)
             exposed_dp += dp.gathers_s[0] + max(0.0, gather_total - m * chunk.total_s)
         exposed_dp_of.append(exposed_dp)
         after_of.append(dp.optimizer_s)

@@ -40,7 +40,6 @@ SCHEDULES: tuple[str, ...] = (
 FILE_PREFIX = "file:"  # schedule = "file:PATH": a program from a JSON file
 V_SHAPES = ("zb-v", "v-half", "v-min")  # two chunks per stage in a V (Qi et al. 2024, arXiv 2405.15362)
 _SPLIT = ("zb-h1", "zb-h2") + V_SHAPES
-_LOOPING_MULTI = ("interleaved", "bfs")  # virtual_stages = chunks per stage
 OpKind = Literal["F", "B", "W"]
 
 
@@ -148,17 +147,15 @@ def schedule_placement(schedule: str, pp: int, chunks: int) -> tuple[int, ...]:
 
 def chunks_per_stage(schedule: str, virtual_stages: int) -> int:
     """Model chunks per stage that ``schedule`` runs given the user's ``virtual_stages``: V shapes 2,
-    hanayo 2 per wave (``virtual_stages`` = waves), interleaved and bfs ``virtual_stages``, a
-    schedule file what its program holds, else 1."""
+    hanayo 2 per wave (``virtual_stages`` = waves), a schedule file what its program holds, others
+    ``virtual_stages`` (which the one-chunk schedules reject unless it is 1)."""
     if schedule in V_SHAPES:
         return 2
     if schedule == "hanayo":
         return 2 * virtual_stages
-    if schedule in _LOOPING_MULTI:
-        return virtual_stages
     if is_file_schedule(schedule):
         return _load_file(schedule[len(FILE_PREFIX):])["chunks"]
-    return 1
+    return virtual_stages
 
 
 def splits_backward(schedule: str) -> bool:
@@ -477,12 +474,12 @@ def _extend(paths: Paths, df: int, db: int, dw: int) -> Paths:
     )
 
 
-def _execute(program: Program) -> tuple[tuple[Vector, ...], tuple[int, ...], int]:
+def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int]:
     """Run the program with its dependencies (F after the previous chunk's F, B after the next
     chunk's B, or its fused B+W) on uniform stages, tracking for every op the longest path ending at
-    it at each of the ``_WEIGHTS`` op-time ratios. Returns (the Pareto-maximal (F, B, W) op counts of
-    those paths to the end of the pipeline, peak held chunk-activations per stage, peak micro-batches
-    held by the last chunk). Raises ``InvalidPlanError`` on a deadlock."""
+    it at each of the ``_WEIGHTS`` op-time ratios. Returns (per stage, the Pareto-maximal (F, B, W) op
+    counts of those paths to the stage's last op, peak held chunk-activations per stage, peak
+    micro-batches held by the last chunk). Raises ``InvalidPlanError`` on a deadlock."""
     pp = program.pp
     chunks = len(program.placement)
     global_of = [program.stage_chunks(s) for s in range(pp)]
@@ -533,8 +530,8 @@ def _execute(program: Program) -> tuple[tuple[Vector, ...], tuple[int, ...], int
                 last[s] = paths
                 pointer[s] += 1
                 progressed = True
-    ends = _pareto(tuple(vec for paths in last for _, vec in paths))
-    return ends, tuple(peak), last_peak
+    stage_ends = tuple(_pareto(tuple(vec for _, vec in paths)) for paths in last)
+    return stage_ends, tuple(peak), last_peak
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -546,6 +543,8 @@ class ProgramProfile:
     # Pareto-maximal (F, B, W) op counts of the paths to the end of the pipeline on uniform stages:
     # with per-chunk-op times f, b, w the pipeline takes max over paths of nF f + nB b + nW w
     critical_paths: tuple[Vector, ...]
+    # per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)
+    stage_paths: tuple[tuple[Vector, ...], ...]
     peak_held_chunks: tuple[int, ...]  # per stage, most (micro-batch, chunk) activations held at once
     last_chunk_inflight: int  # most micro-batches whose last-chunk forward has run and backward not
     p2p_boundaries: tuple[int, ...]  # link index of every model-order chunk transition between stages
@@ -588,7 +587,8 @@ def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stag
 def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramProfile:
     """``ProgramProfile`` of ``schedule_program(...)``, computed once per (schedule, pp, m, v)."""
     program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
-    paths, peak, last_peak = _execute(program)
+    stage_paths, peak, last_peak = _execute(program)
+    paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)
     boundaries = []
@@ -598,6 +598,7 @@ def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stage
             boundaries.append(min(a, b))
     return ProgramProfile(
         chunks_per_stage=virtual_stages, split_backward=program.split_backward, critical_paths=paths,
+        stage_paths=stage_paths,
         peak_held_chunks=peak, last_chunk_inflight=last_peak, p2p_boundaries=tuple(boundaries),
     )
 
