@@ -11,6 +11,8 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Mapping
 
+from hardware.errors import MissingPrecisionError
+
 
 class Precision(StrEnum):
     """Numeric formats a GPU may have a dense peak for."""
@@ -90,7 +92,9 @@ class GpuSpec:
             return self.peak_flops_per_s[precision]
         except KeyError:
             known = ", ".join(self.peak_flops_per_s)
-            raise KeyError(f"gpu {self.name} has no {precision} peak; known: {known}") from None
+            raise MissingPrecisionError(
+                f"gpu {self.name} has no {precision} peak; known: {known}"
+            ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,9 @@ PLANNERS = {
     "offload": "search.offload:search_offload",
 }
 DEFAULT_TOP_K = 10
+# [search] keys read here; each planner lists its own in a constant ending in _SEARCH_KEYS
+# (docs/configuration.md is tested against the union: tests/test_docs_configuration.py).
+SEARCH_KEYS = ("goal",)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 from hardware.errors import CatalogError
 from sim import __version__
 from sim.errors import ConfigError
+from sim.jsonout import dumps
 from workloads.errors import InvalidPlanError, ModelCatalogError, WorkloadError
 
 # Errors that mean "bad input": one line, exit 2.
@@ -52,12 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     simulate = commands.add_parser("simulate", help="one training or serving run from a TOML config")
     simulate.add_argument("config", help="TOML file with [model], [cluster] and [training] or [serving]")
     simulate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key (dotted), repeatable")
-    simulate.add_argument("--sweep", metavar="KEY=V1,V2,...", help="one run per value of KEY")
+    simulate.add_argument("--sweep", action="append", metavar="KEY=V1,V2,...", help="one run per value of KEY (once per run)")
     simulate.add_argument("--fidelity", choices=("analytic", "des"), default="des", help="analytic (closed form) or des (SimPy, default)")
-    simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    simulate.add_argument("--seed", type=int, default=None, help="random seed; overrides [workload] seed (default: that, else 0)")
     simulate.add_argument("--out", metavar="DIR", help="write CSV results and run.json here")
-    simulate.add_argument("--trace", metavar="FILE", help="write a Chrome/Perfetto trace JSON")
-    simulate.add_argument("-v", "--verbose", action="store_true")
+    simulate.add_argument("--trace", nargs="?", const="", metavar="FILE",
+                          help="write a Chrome/Perfetto trace JSON (default: DIR/trace.json with --out, else trace.json)")
+    simulate.add_argument("-v", "--verbose", action="store_true", help="print the resolved config and where the time goes (stderr)")
     _add_format(simulate)
 
     search = commands.add_parser("search", help="search plans, serving fleets or offload placements ([search] in the config)")
@@ -88,12 +90,12 @@ def _cmd_catalog(args: argparse.Namespace) -> int:
     if args.kind == "show":
         entry = catalog_view.find_entry(args.name)
         if args.format == "json":
-            print(json.dumps(catalog_view.entry_json(entry)))
+            print(dumps(catalog_view.entry_json(entry)))
         else:
             print(catalog_view.entry_table(entry))
         return 0
     if args.format == "json":
-        print(json.dumps({args.kind: catalog_view.list_json(args.kind)}))
+        print(dumps({args.kind: catalog_view.list_json(args.kind)}))
     else:
         print(catalog_view.list_table(args.kind))
     return 0
@@ -112,9 +114,11 @@ def _git_revision() -> str | None:
     return out.stdout.strip() or None
 
 
-def _write_run_json(out_dir: Path, config: dict[str, Any], seed: int, fidelity: str) -> None:
-    meta = {"config": config, "seed": seed, "fidelity": fidelity, "version": __version__, "git_revision": _git_revision()}
-    (out_dir / "run.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+def _write_run_json(out_dir: Path, config: dict[str, Any], seed: int | None, fidelity: str) -> None:
+    from sim import notices
+    meta = {"config": config, "seed": seed, "fidelity": fidelity, "version": __version__,
+            "git_revision": _git_revision(), "warnings": notices.issued()}
+    (out_dir / "run.json").write_text(dumps(meta, indent=2, default=str) + "\n")
 
 
 def _parse_sweep(text: str) -> tuple[str, list[str]]:
@@ -126,44 +130,60 @@ def _parse_sweep(text: str) -> tuple[str, list[str]]:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from sim.config import load_config, with_overrides
+    from sim import notices
+    from sim.cli_support import check_sections, prepare_outputs, resolved_config, verbose_report
+    from sim.config import load_config, read_toml, with_overrides
     from sim.runner import RunOptions, simulate
 
+    notices.reset()
+    if args.sweep and len(args.sweep) > 1:
+        raise ConfigError(f"--sweep given {len(args.sweep)} times ({', '.join(args.sweep)}); one --sweep per run")
+    sweep_arg = args.sweep[0] if args.sweep else None
+    if sweep_arg is not None and args.trace is not None:
+        raise ConfigError("--trace writes the trace of one run; it cannot be combined with --sweep")
+    kind = check_sections(read_toml(args.config, "config file"), [*args.set, *([sweep_arg] if sweep_arg else [])])
     config = load_config(args.config, args.set)
+    if kind == "serving" and args.fidelity == "analytic":
+        notices.warn("--fidelity analytic: serving runs always use the event-driven engine; the option is ignored")
+    if args.seed is not None and args.seed < 0:
+        raise ConfigError(f"--seed {args.seed} must be >= 0")
+    out_dir, trace_path = prepare_outputs(args.out, args.trace)
     options = RunOptions(
         fidelity=args.fidelity,
         seed=args.seed,
-        trace=bool(args.trace),
+        trace=trace_path is not None,
         verbose=args.verbose,
         config_dir=Path(args.config).resolve().parent,
     )
-    out_dir = Path(args.out) if args.out else None
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    if args.sweep:
+    if sweep_arg is not None:
         from sim import sweep
 
-        key, values = _parse_sweep(args.sweep)
+        key, values = _parse_sweep(sweep_arg)
         results = [(value, simulate(with_overrides(config, [f"{key}={value}"]), options)) for value in values]
         frame = sweep.sweep_frame(key, results)
         if args.format == "json":
-            print(json.dumps({"sweep": key, "runs": [{"value": v, "metrics": r.metrics()} for v, r in results]}))
+            print(dumps({"sweep": key, "runs": [{"value": v, "metrics": r.metrics()} for v, r in results]}))
         else:
             print(sweep.sweep_table(frame))
         if out_dir is not None:
             sweep.write_sweep(out_dir, key, frame, results[0][1].sweep_metrics())
-            _write_run_json(out_dir, config, args.seed, args.fidelity)
+            first = resolved_config(config, results[0][1], getattr(results[0][1], "seed", args.seed))
+            _write_run_json(out_dir, first, getattr(results[0][1], "seed", args.seed), args.fidelity)
         return 0
     result = simulate(config, options)
+    seed = getattr(result, "seed", args.seed)
+    resolved = resolved_config(config, result, seed)
+    if args.verbose:
+        verbose_report(result, resolved)
     if args.format == "json":
-        print(json.dumps(result.metrics()))
+        print(dumps(result.metrics()))
     else:
         print(result.table())
     if out_dir is not None:
         result.write_outputs(out_dir)
-        _write_run_json(out_dir, config, args.seed, args.fidelity)
-    if args.trace:
-        result.write_trace(Path(args.trace))
+        _write_run_json(out_dir, resolved, seed, args.fidelity)
+    if trace_path is not None:
+        result.write_trace(trace_path)
     return 0
 
 
@@ -189,7 +209,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
     result = run_search(config, options)
     if args.format == "json":
-        print(json.dumps(result.to_json()))
+        print(dumps(result.to_json()))
     else:
         print(result.table())
     if out_dir is not None:
@@ -206,7 +226,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     report = run_suites(args.suite, fidelity=args.fidelity)
     if args.format == "json":
-        print(json.dumps(report.to_json()))
+        print(dumps(report.to_json()))
     else:
         print(report.table(verbose=args.verbose))
     return 0 if report.passed else 1

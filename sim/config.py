@@ -14,6 +14,7 @@ from hardware.catalog import get_gpu, get_network, get_node
 from hardware.errors import CatalogError
 from hardware.topology import Cluster, build_cluster
 from sim.errors import ConfigError
+from sim.notices import warn
 from workloads.catalog import get_model, model_from_mapping
 from workloads.errors import ModelCatalogError
 from workloads.model import ModelSpec
@@ -25,7 +26,7 @@ def _parse_value(text: str) -> Any:
     """A --set value as TOML would read it (int, float, bool, string, list); bare words are strings."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         return text
 
 
@@ -47,20 +48,42 @@ def apply_override(config: dict[str, Any], assignment: str) -> None:
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Read a TOML config and apply ``--set`` overrides; checks only the section names."""
+    return with_overrides(read_toml(path, "config file"), overrides or [])
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file as a dict; a missing file, a folder, bytes that are not UTF-8, malformed or absurdly
+    nested TOML raise ConfigError naming the file."""
     file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"{what} '{path}' is a folder, not a TOML file")
     try:
-        with file.open("rb") as f:
-            config = tomllib.load(f)
+        text = file.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file '{path}' not found") from None
+        raise ConfigError(f"{what} '{path}' not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} '{path}' cannot be read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} '{path}' is not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
+            "save it as UTF-8, as TOML requires"
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file '{path}' is not valid TOML: {exc}") from None
-    return with_overrides(config, overrides or [])
+        raise ConfigError(f"{what} '{path}' is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} '{path}' nests tables or arrays too deeply to read") from None
 
 
 def with_overrides(config: Mapping[str, Any], overrides: list[str]) -> dict[str, Any]:
     """A deep copy of ``config`` with each ``KEY=VALUE`` applied, then the section names checked."""
-    result = copy.deepcopy(dict(config))
+    try:
+        result = copy.deepcopy(dict(config))
+    except RecursionError:
+        raise ConfigError("the config nests tables or arrays too deeply") from None
     for assignment in overrides:
         apply_override(result, assignment)
     unknown = sorted(set(result) - set(KNOWN_SECTIONS))
@@ -136,3 +159,23 @@ def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = No
     if node.gpu != gpu.name:
         raise ConfigError(f"[cluster] node '{node.name}' holds {node.gpu}, not gpu '{gpu.name}'")
     return build_cluster(gpu, node, network, num_gpus)
+
+
+# When the default 16-bit format is missing on a GPU (bf16 before Ampere), the other one stands in.
+_PRECISION_STAND_INS = {"bf16": "fp16", "fp16": "bf16"}
+
+
+def supported_precision(precision: str, gpu: Any, where: str, *, given: bool) -> str:
+    """``precision`` if ``gpu`` has a dense peak for it. A default the GPU lacks is replaced by the
+    other 16-bit format, with a warning; a precision the user gave is an error listing what exists."""
+    peaks = gpu.peak_flops_per_s
+    if precision in peaks:
+        return precision
+    have = ", ".join(p for p in peaks)
+    stand_in = _PRECISION_STAND_INS.get(precision)
+    if not given and stand_in in peaks:
+        warn(f"{where} defaults to {precision}, which gpu {gpu.name} has no peak for (it has {have}); using {stand_in}")
+        return stand_in
+    usable = [p for p in ("bf16", "fp16", "fp8") if p in peaks]
+    hint = f"; use {where} = '{usable[0]}'" if usable else ""
+    raise ConfigError(f"{where} = '{precision}': gpu {gpu.name} has no {precision} peak (it has {have}){hint}")

@@ -17,7 +17,7 @@ class RunOptions:
     """Command-line options that shape a run (not the system being simulated)."""
 
     fidelity: str = "des"  # "analytic" | "des"
-    seed: int = 0
+    seed: int | None = None  # --seed; None: the config's [workload] seed, else 0
     trace: bool = False  # collect trace events (costs memory; only when --trace is given)
     verbose: bool = False
     config_dir: Path | None = None  # folder of the config file: relative paths in it resolve here

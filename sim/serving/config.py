@@ -9,7 +9,7 @@ the batch, ../shared/reference/formulas.md, Serving / Step time); the config's k
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from hardware.units import GiB, us
@@ -97,10 +97,14 @@ class ServingSpec:
     decode_attention: str = "shared_kv"  # the stack's decode-attention kernel rule (see sim.serving.stepcost)
     disaggregated: DisaggregatedSpec | None = None
     speculative: SpeculativeSpec | None = None
+    compute_precision: str | None = None  # 16-bit activation format when the GPU forces one (no bf16)
 
     @property
     def activation_precision(self) -> str:
-        """Activations (and the attention kernel's Q/O) run in fp16 when the weights are fp16, else bf16."""
+        """Activations (and the attention kernel's Q/O) run in fp16 when the weights are fp16, else bf16
+        (fp16 on a GPU without bf16: see ``fit_precisions``)."""
+        if self.compute_precision is not None:
+            return self.compute_precision
         return "fp16" if self.weight_precision == "fp16" else "bf16"
 
 
@@ -251,3 +255,63 @@ def _parse_speculative(table: Any) -> SpeculativeSpec:
         draft_model=table.get("draft_model") if method == "draft" else None,
         draft_free_overhead=_float(table, "draft_free_overhead", w, 0.0, 0.0, 10.0),
     )
+
+
+def serving_gpus(spec: ServingSpec) -> int:
+    """GPUs the serving layout occupies (every pool, every replica)."""
+    if spec.scheduler == "disaggregated" and spec.disaggregated is not None:
+        d = spec.disaggregated
+        return (d.prefill_replicas * d.prefill_tp + d.decode_replicas * d.decode_tp) * spec.pp
+    return spec.replicas * gpus_per_replica(spec)
+
+
+def resolve_replicas(spec: ServingSpec, table: Mapping[str, Any], num_gpus: Any) -> tuple[ServingSpec, bool]:
+    """The one rule tying ``[cluster] num_gpus`` to the replicas (docs/configuration.md, [serving]):
+    without ``replicas``, num_gpus / (tp x ep x pp) replicas run; a num_gpus the layout cannot use
+    exactly is an error. Returns the spec with ``replicas`` resolved and whether it was derived."""
+    if num_gpus is None:
+        return spec, False
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
+        raise ConfigError(f"[cluster] num_gpus = {num_gpus!r} must be a positive integer")
+    per_replica = gpus_per_replica(spec)
+    derived = False
+    if spec.scheduler != "disaggregated" and "replicas" not in table:
+        if num_gpus % per_replica:
+            raise ConfigError(
+                f"[cluster] num_gpus = {num_gpus} is not a multiple of the {per_replica} GPUs of one replica "
+                f"(tp {spec.tp} x ep {spec.ep} x pp {spec.pp}); use a multiple of {per_replica} or set serving.replicas"
+            )
+        spec = replace(spec, replicas=num_gpus // per_replica)
+        derived = True
+    needed = serving_gpus(spec)
+    if num_gpus > needed:
+        layout = (
+            f"{spec.disaggregated.prefill_replicas} prefill x tp {spec.disaggregated.prefill_tp} + "  # type: ignore[union-attr]
+            f"{spec.disaggregated.decode_replicas} decode x tp {spec.disaggregated.decode_tp}, pp {spec.pp}"  # type: ignore[union-attr]
+            if spec.scheduler == "disaggregated"
+            else f"{spec.replicas} replicas x tp {spec.tp} x ep {spec.ep} x pp {spec.pp}"
+        )
+        raise ConfigError(
+            f"[cluster] num_gpus = {num_gpus} but the serving layout ({layout}) uses {needed}: "
+            f"set num_gpus = {needed}, or add replicas to use the other {num_gpus - needed}"
+        )
+    return spec, derived
+
+
+def fit_precisions(spec: ServingSpec, table: Mapping[str, Any], gpu: Any) -> ServingSpec:
+    """Weight, KV and activation formats the GPU can run: a default it lacks (bf16 on V100 / T4)
+    becomes fp16 with a warning; a weight precision the user gave and the GPU lacks is an error."""
+    from sim.config import supported_precision
+
+    changes: dict[str, Any] = {}
+    if spec.weight_precision in ("bf16", "fp16", "fp8"):
+        weight = supported_precision(spec.weight_precision, gpu, "serving.weight_precision",
+                                     given="weight_precision" in table)
+        if weight != spec.weight_precision:
+            changes["weight_precision"] = weight
+    activation = replace(spec, **changes).activation_precision
+    if activation not in gpu.peak_flops_per_s:
+        changes["compute_precision"] = supported_precision(activation, gpu, "serving activations", given=False)
+    if spec.kv_precision == "bf16" and "kv_precision" not in table and "bf16" not in gpu.peak_flops_per_s:
+        changes["kv_precision"] = "fp16"
+    return replace(spec, **changes) if changes else spec

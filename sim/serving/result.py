@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from sim.serving.engine import Replica, StepEvent
+from sim.jsonout import dumps
 from sim.serving.metrics import RequestRecord, SloSpec, records_frame, summarize
 from sim.serving.request import SimRequest, Status
 
@@ -51,6 +52,8 @@ class ServingResult:
     events: Sequence[StepEvent]
     slo: SloSpec | None = None
     offered_rate_per_s: float | None = None
+    replicas_derived: bool = False  # replicas = num_gpus / (tp x ep x pp), not given in [serving]
+    seed: int = 0  # the seed the workload generator used
     _records: list[RequestRecord] | None = field(default=None, repr=False)
     _metrics: dict[str, Any] | None = field(default=None, repr=False)
 
@@ -102,7 +105,8 @@ class ServingResult:
     def table(self) -> str:
         m = self.metrics()
         lines = [
-            f"serving {m['model']} on {m['num_gpus']} x {m['gpu']}, scheduler {m['scheduler']}",
+            f"serving {m['model']} on {m['num_gpus']} x {m['gpu']}, scheduler {m['scheduler']}"
+            + (f", replicas {self.system.spec.replicas} (from num_gpus / (tp x ep x pp))" if self.replicas_derived else ""),
         ]
         for p in m["pools"]:
             gib = 2**30
@@ -116,8 +120,12 @@ class ServingResult:
             f"requests {m['num_requests']}: completed {m['completed']}, rejected {m['rejected']}, "
             f"unfinished {m['unfinished']}, preemptions {m['preemptions']}"
         )
-        for reason, count in m["reject_reasons"].items():
+        reasons = sorted(m["reject_reasons"].items(), key=lambda item: -item[1])
+        for reason, count in reasons[:5]:
             lines.append(f"  rejected x{count}: {reason}")
+        if len(reasons) > 5:
+            rest = sum(count for _, count in reasons[5:])
+            lines.append(f"  ... {rest} more rejected for {len(reasons) - 5} other reasons (requests.csv lists each)")
         lines.append(
             f"duration {m['duration_s']:.2f} s; throughput {m['request_throughput_per_s']:.3f} req/s, "
             f"{m['output_tokens_per_s']:.1f} output tok/s, {m['total_tokens_per_s']:.1f} total tok/s"
@@ -146,7 +154,7 @@ class ServingResult:
         requests_csv = out_dir / "requests.csv"
         records_frame(self.records()).to_csv(requests_csv, index=False)
         metrics_json = out_dir / "metrics.json"
-        metrics_json.write_text(json.dumps(self.metrics(), indent=2) + "\n")
+        metrics_json.write_text(dumps(self.metrics(), indent=2) + "\n")
         return [requests_csv, metrics_json]
 
     def write_trace(self, path: Path) -> None:

@@ -14,10 +14,13 @@ import simpy
 from hardware.topology import Cluster
 from sim.config import resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
+from sim.notices import warn
 from sim.runner import RunOptions
 from sim.serving.batching import OrcaScheduler, StaticScheduler
 from sim.serving.capacity import ReplicaMemory, replica_memory
-from sim.serving.config import ServingSpec, check_model_parallelism, gpus_per_replica, parse_serving
+from sim.serving.config import (
+    ServingSpec, check_model_parallelism, fit_precisions, parse_serving, resolve_replicas, serving_gpus,
+)
 from sim.serving.engine import (
     AcceptanceSampler, Replica, Router, StageCost, StepCost, StepEvent, admit, arrivals, one_token,
 )
@@ -268,11 +271,42 @@ def run(
     return all_replicas, rejected, events or []
 
 
+def check_context(requests: Sequence[RequestSpec], spec: ServingSpec, model: ModelSpec, table: Mapping[str, Any]) -> None:
+    """A prompt longer than the context (``max_model_len``, default the model's trained length) is an
+    error when every request has it (a fixed length); a warning with the count when only some do."""
+    limit = spec.max_model_len or model.max_seq_len
+    field = "serving.max_model_len" if spec.max_model_len else f"the {model.name} max_seq_len"
+    prompt = table.get("prompt_tokens")
+    if isinstance(prompt, int) and not isinstance(prompt, bool) and prompt > limit:
+        raise ConfigError(f"workload.prompt_tokens = {prompt} is longer than the {limit}-token context ({field})")
+    long = sum(1 for r in requests if r.prompt_tokens + r.output_tokens > limit)
+    if long:
+        warn(f"{long} of {len(requests)} requests have prompt + output tokens past the {limit}-token context ({field}); "
+             "they are simulated as given")
+
+
+def check_room_for_kv(system: ServingSystem) -> None:
+    """Nothing can be served when a pool's weights and workspace leave no room for one KV block: say
+    so once, with the sizes and what would help (instead of one rejection per request)."""
+    gib = 2**30
+    for pool in system.pools:
+        m = pool.memory
+        if m.fits:
+            continue
+        raise ConfigError(
+            f"no room for the KV cache on {pool.role} (tp {pool.shape.tp}, pp {pool.shape.pp}, "
+            f"{system.spec.weight_precision} weights): weights need {m.weights_bytes / gib:.2f} GiB and workspace "
+            f"{(m.workspace_bytes + m.comm_bytes) / gib:.2f} GiB of the {m.budget_bytes / gib:.2f} GiB per GPU the engine may use "
+            f"(serving.gpu_memory_utilization {system.spec.gpu_memory_utilization} x {system.cluster.gpu.hbm_capacity_bytes / gib:.0f} GiB); "
+            f"short {m.shortfall_bytes / gib:.2f} GiB: raise serving.tp or pp, or use a smaller weight_precision"
+        )
+
+
 def simulate_serving(config: Mapping[str, Any], options: RunOptions) -> ServingResult:
     """The serving run a config describes ([model], [cluster], [serving], [workload], [slo])."""
     spec = parse_serving(section(config, "serving"))
     workload = parse_workload(section(config, "workload"), base_dir=options.config_dir)
-    seed = workload.seed if workload.seed is not None else options.seed
+    seed = options.seed if options.seed is not None else (workload.seed if workload.seed is not None else 0)
     rng = np.random.default_rng(seed)
     request_specs = build_requests(workload, rng)
     # an inline model without max_seq_len serves the run's longest request (or max_model_len)
@@ -280,18 +314,18 @@ def simulate_serving(config: Mapping[str, Any], options: RunOptions) -> ServingR
     model = resolve_model(config, default_max_seq_len=longest)
     check_model_parallelism(spec, model)
     slo = parse_slo(section(config, "slo", required=False))
-    if spec.scheduler == "disaggregated":
-        d = spec.disaggregated
-        gpus = (d.prefill_replicas * d.prefill_tp + d.decode_replicas * d.decode_tp) * spec.pp  # type: ignore[union-attr]
-    else:
-        gpus = spec.replicas * gpus_per_replica(spec)
-    cluster = resolve_cluster(config, default_num_gpus=gpus)
+    spec, derived = resolve_replicas(spec, section(config, "serving"), section(config, "cluster").get("num_gpus"))
+    cluster = resolve_cluster(config, default_num_gpus=serving_gpus(spec))
+    spec = fit_precisions(spec, section(config, "serving"), cluster.gpu)
+    check_context(request_specs, spec, model, section(config, "workload"))
     system = build_system(spec, model, cluster)
+    check_room_for_kv(system)
     requests = to_sim_requests(request_specs, spec.block_size)
     replicas, rejected, events = run(system, requests, rng=rng, trace=options.trace)
     return ServingResult(
         system=system, requests=requests, replicas=replicas, events=events, slo=slo,
         offered_rate_per_s=workload.rate_per_s if workload.arrival in ("poisson", "gamma") else None,
+        replicas_derived=derived, seed=seed,
     )
 
 

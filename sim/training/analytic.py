@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
-from sim.training.schedules import ProgramProfile, program_profile
+from sim.training.schedules import ProgramProfile, amortises_gathers, program_profile
 from sim.training.work import ChunkWork, CommWork, PipelineWork
 
 
@@ -208,7 +208,7 @@ def pipeline_phase(
     # (parameters are freed after each forward and backward), except in a breadth-first loop, where
     # all micro-batches run a chunk back to back and one gather per pass serves them all
     # (Lamy-Poirier 2022, arXiv 2211.05953)
-    rounds = 1 if schedule == "bfs" else m
+    rounds = 1 if amortises_gathers(schedule) else m
     return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds)
 
 
@@ -268,10 +268,14 @@ def finish_iteration(
     exposed_dp_of = []
     after_of = []
     for chunk, dp in zip(chunk_of, dp_of):
-        exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         if dp.gathers_s:
-            gather_total = 2.0 * phase.gather_rounds * sum(dp.gathers_s)
-            exposed_dp += dp.gathers_s[0] + max(0.0, gather_total - m * chunk.total_s)
+            # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and
+            # its B and reduce-scatters its gradients (once per loop under bfs: ``gather_rounds``);
+            # the stream hides behind the stage's compute but the first gather and the last bucket
+            stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
+            exposed_dp = dp.gathers_s[0] + dp.last_bucket_s + max(0.0, stream - m * chunk.total_s)
+        else:
+            exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         exposed_dp_of.append(exposed_dp)
         after_of.append(dp.optimizer_s)
     iteration = 0.0

@@ -3,13 +3,14 @@ and the values."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from hardware.topology import Cluster
-from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section
+from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section, supported_precision
 from sim.errors import ConfigError
+from sim.notices import warn
 from sim.stacks import resolve_settings
 from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
 from workloads.errors import InvalidPlanError
@@ -180,6 +181,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     else:
         raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
     cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+    job = replace(job, precision=supported_precision(
+        job.precision, cluster.gpu, "training.precision", given="precision" in training))
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -207,6 +210,9 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         cp_comm=str(parallel.get("cp_comm", "ring")),
     )
     validate_plan(model, cluster, job, plan)
+    if job.seq_len > model.max_seq_len and model.position != "learned":
+        warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
+             f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
     return TrainingSetup(
         model=model,
         cluster=cluster,

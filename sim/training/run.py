@@ -10,13 +10,13 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 import pandas as pd
 
-from hardware import units
+from hardware import cost, units
 from sim import costmodel
 from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.training.analytic import PipelineEstimate, analytic_iteration
 from sim.training.config import TrainingSetup, parse_training
-from sim.training.costs import group_links, layer_passes
+from sim.training.costs import attention_sequences, group_links, layer_passes
 from sim.training.iteration import IterationWork, build_iteration
 from sim.training.memory import MemoryBreakdown, memory_per_stage
 from workloads.graph import op_graph
@@ -27,10 +27,24 @@ _TOTAL_BYTES = attrgetter("total_bytes")
 
 def model_flops_per_iteration(setup: TrainingSetup) -> float:
     """Forward + backward matmul FLOPs without recompute (3 x forward), INTERFACE.md's convention:
-    Narayanan et al. 2021 Eq. 3 without the recompute pass, i.e. 72 B s L h^2 (1 + s/6h + V/12hL)
-    for GPT; GQA, SwiGLU and MoE top-k through ``ModelSpec.forward_flops_per_token``."""
-    job = setup.job
-    return 3.0 * setup.model.forward_flops_per_token(job.seq_len) * job.global_batch * job.seq_len
+    Narayanan et al. 2021 Eq. 3 without the recompute pass, 72 B s L h^2 (1 + s/6h + V/12hL) for GPT
+    with GQA, SwiGLU and MoE top-k through ``ModelSpec.matmul_parameters_per_token``; the attention
+    score and value FLOPs are the ones the time model prices (``costs.attention_sequences``): causal
+    halving and sliding windows for fused (flash) kernels, the full score matrix for the unfused
+    kernels that compute and then mask it (Eq. 3's s/6h term), so MFU <= 1 holds at any length."""
+    job, model, plan = setup.job, setup.model, setup.plan
+    tokens = job.global_batch * job.seq_len
+    matmul = 2.0 * model.matmul_parameters_per_token() * tokens
+    sequences, causal = attention_sequences(setup)
+    if model.is_mla:
+        qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    else:
+        qk = v = model.head_dim
+    if setup.attention_kernel != "flash":
+        causal = False  # the unfused kernels compute every score of each (query, key) pair, then mask
+    per_microbatch_rank = cost.attention_flops(sequences, heads=model.heads, head_dim=qk, causal=causal, v_head_dim=v)
+    attention = model.layers * per_microbatch_rank * plan.cp * (job.global_batch / job.micro_batch)
+    return 3.0 * (matmul + attention)
 
 
 def training_metrics(
@@ -64,6 +78,7 @@ def training_metrics(
         "model_flops_per_s_per_gpu": model_flops / seconds / gpus,
         "mfu": model_flops / (seconds * gpus * peak),
         "hfu": (model_flops + recompute_flops) / (seconds * gpus * peak),
+        "mfu_peak_precision": job.precision,
         "bubble_fraction": estimate.bubble_fraction,
         "exposed_communication_s": {axis: exposed.get(axis, 0.0) for axis in AXES},
         "peak_memory_bytes": worst.total_bytes,
@@ -112,7 +127,15 @@ class TrainingResult:
         m = self.metrics()
         setup = self.setup
         plan = setup.plan
-        lines = [
+        fits = m["fits_in_memory"]
+        worst = max(self.memory, key=lambda b: b.shortfall_bytes)
+        header = [] if fits else [
+            f"DOES NOT FIT: stage {worst.stage} needs {worst.total_bytes / units.GiB:.2f} GiB per GPU of "
+            f"{worst.capacity_bytes / units.GiB:.0f} GiB (short {worst.shortfall_bytes / units.GiB:.2f} GiB); "
+            "the throughput below is what the plan would reach if it fitted",
+        ]
+        tag = "" if fits else "  (if it fitted)"
+        lines = header + [
             f"model {setup.model.name} on {setup.cluster.num_gpus} x {setup.cluster.gpu.name} "
             f"({setup.cluster.node.name}, {setup.cluster.network.name})",
             f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}  zero {plan.zero}  "
@@ -121,14 +144,16 @@ class TrainingResult:
             f"{f' (full on {list(plan.recompute_layers)} layers per stage)' if plan.recompute_layers else ''}"
             f"  micro-batches {m['num_microbatches']}  fidelity {m['fidelity']}",
             "",
-            f"iteration time        {m['iteration_time_s']:.4f} s",
-            f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU)",
-            f"model TFLOP/s per GPU {m['model_flops_per_s_per_gpu'] / units.TFLOPS:.1f}",
-            f"MFU / HFU             {m['mfu']:.1%} / {m['hfu']:.1%}",
+            f"iteration time        {m['iteration_time_s']:.4f} s{tag}",
+            f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU){tag}",
+            f"model TFLOP/s per GPU {m['model_flops_per_s_per_gpu'] / units.TFLOPS:.1f}{tag}",
+            f"MFU / HFU             {m['mfu']:.1%} / {m['hfu']:.1%}  "
+            f"(of the {setup.job.precision} dense peak, {setup.cluster.gpu.peak(setup.job.precision) / units.TFLOPS:,.0f} TFLOP/s){tag}",
             f"bubble fraction       {m['bubble_fraction']:.1%}",
             "exposed comm (s)      " + "  ".join(f"{a} {m['exposed_communication_s'][a]:.4f}" for a in AXES),
             "",
             "memory per GPU (GiB)  stage  weights  grads  optim  activ  other  total / capacity",
+            "  (other: NCCL buffers, cuBLAS workspace, CUDA context and allocator reserve, logits, recompute and gather buffers)",
         ]
         for b in self.memory:
             lines.append(
@@ -194,9 +219,9 @@ class TrainingResult:
         paths = [out_dir / "stages.csv", out_dir / "ops.csv", out_dir / "metrics.json"]
         self.stage_frame().to_csv(paths[0], index=False)
         self.op_frame().to_csv(paths[1], index=False)
-        import json
+        from sim.jsonout import dumps
 
-        paths[2].write_text(json.dumps(self.metrics(), indent=2) + "\n")
+        paths[2].write_text(dumps(self.metrics(), indent=2) + "\n")
         if self.events:
             from sim.training.trace import plot_pipeline_timeline
 

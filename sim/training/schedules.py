@@ -165,6 +165,12 @@ def splits_backward(schedule: str) -> bool:
     return schedule in _SPLIT
 
 
+def amortises_gathers(schedule: str) -> bool:
+    """True when the schedule keeps a chunk's ZeRO-3 parameters gathered while all micro-batches run
+    it back to back, and reduce-scatters its gradients once (breadth-first, Lamy-Poirier 2022)."""
+    return schedule == "bfs"
+
+
 def global_chunk(stage: int, chunk: int, pp: int) -> int:
     """Model-order (virtual stage) index of local chunk ``chunk`` on ``stage`` (looping layout)."""
     return chunk * pp + stage

@@ -52,12 +52,13 @@ def test_prefix_aware_router_follows_the_cache() -> None:
     assert aware["prefix_cache_hit_rate"] > spread["prefix_cache_hit_rate"]
 
 
-def test_model_that_does_not_fit_rejects_every_request_with_the_shortfall() -> None:
+def test_model_with_no_room_for_kv_is_one_error_with_the_sizes() -> None:
+    """Nothing can be served: one error naming the weights and the budget (issue 12), not one
+    rejection per request."""
     config = copy.deepcopy(BASE)
     config["model"] = {"name": "llama3-70b"}
-    m = simulate(config, RunOptions()).metrics()
-    assert not m["fits_in_memory"] and m["pools"][0]["shortfall_bytes"] > 0
-    assert m["rejected"] == 80 and m["completed"] == 0
+    with pytest.raises(ConfigError, match=r"weights need 131\.\d\d GiB .* of the 72\.00 GiB per GPU"):
+        simulate(config, RunOptions())
 
 
 def test_expected_tokens_per_speculative_step() -> None:

@@ -170,11 +170,17 @@ def test_breadth_first_gathers_fsdp_parameters_once_per_loop() -> None:
     from sim.training.work import CommWork
 
     gather = CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=2.0)
-    exposed = {}
+    exposed, gathers, times = {}, {}, {}
     for schedule in ("bfs", "interleaved"):
         work = uniform(schedule, 4, 8, 2, 1.0, 1.0, 1.0)
         work = replace(work, stages=tuple(replace(s, param_gather=(gather, gather)) for s in work.stages))
         exposed[schedule] = analytic_iteration(work).exposed_comm_s["dp"]
+        des = run_pipeline(work, trace=True)
+        gathers[schedule] = sum(1 for e in des.events if e.stage == 0 and e.name.startswith("param_gather"))
+        times[schedule] = des.iteration_time_s
+    # the DES: one gather per chunk and pass under bfs (2 x 2), one per op otherwise (2 x 2 x 8)
+    assert gathers == {"bfs": 4, "interleaved": 32}
+    assert times["bfs"] < times["interleaved"]
     # depth-first: 2 passes x 2 chunks x 2 s per micro-batch = 8 s against 3 s of compute, so
     # 8 x 5 s beyond the first gather are exposed; breadth-first: 8 s of gathers per iteration
     # under 24 s of compute, all hidden but the first gather

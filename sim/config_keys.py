@@ -1,0 +1,46 @@
+"""Every config key the simulator reads, per section: the one list docs/configuration.md is tested
+against (tests/test_docs_configuration.py), and the sections each config kind uses.
+
+The tables themselves live next to the code that parses them; this module only collects them.
+``[search]`` keys belong to ``search/`` (which ``sim`` never imports): the docs test gathers them there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sim.config import CLUSTER_KEYS
+from sim.serving.config import DISAGGREGATED_KEYS, SERVING_KEYS, SPECULATIVE_KEYS
+from sim.serving.metrics import _SLO_KEYS
+from sim.training.config import PARALLEL_KEYS, TRAINING_KEYS
+from workloads.model import ModelSpec
+from workloads.requests import _LENGTH_KEYS, _SESSION_KEYS, _WORKLOAD_KEYS
+
+# Sections each kind of config reads (``[search]`` is read only by ``llmsim search``).
+TRAINING_SECTIONS = ("model", "cluster", "training", "parallel")
+SERVING_SECTIONS = ("model", "cluster", "serving", "workload", "slo")
+
+
+def length_keys() -> tuple[str, ...]:
+    """Keys of a token-length table (``prompt_tokens = {distribution = ..., ...}``)."""
+    keys = {"distribution"}
+    for required, optional in _LENGTH_KEYS.values():
+        keys |= required | optional
+    return tuple(sorted(keys))
+
+
+def key_tables() -> dict[str, tuple[str, ...]]:
+    """Section name (as written in TOML, dotted for sub-tables) -> the keys the code accepts."""
+    return {
+        "model": tuple(f.name for f in dataclasses.fields(ModelSpec)),
+        "cluster": tuple(CLUSTER_KEYS),
+        "training": tuple(TRAINING_KEYS),
+        "parallel": tuple(PARALLEL_KEYS),
+        "serving": tuple(k for k in SERVING_KEYS if k not in ("disaggregated", "speculative")),
+        "serving.disaggregated": tuple(DISAGGREGATED_KEYS),
+        "serving.speculative": tuple(SPECULATIVE_KEYS),
+        "workload": tuple(_WORKLOAD_KEYS),
+        "workload.prompt_tokens": length_keys(),
+        "workload.sessions": tuple(_SESSION_KEYS),
+        "slo": tuple(_SLO_KEYS),
+    }
