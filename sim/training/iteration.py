@@ -106,6 +106,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     chunk_context = cache.intern((
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
         setup.overlap_slowdown, _chunk_plan_values(plan), setup.main_grad_accumulation, setup.grad_reduce_dtype,
+        setup.fp8_recipe,
     ))
     setup_context = cache.intern(
         ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
