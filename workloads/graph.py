@@ -56,6 +56,7 @@ class Op:
     weight_bytes_per_element: float = 2.0
     recompute: bool = False  # re-run of a forward op inside the backward pass
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
+    precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
 
     @property
     def gemm_flops(self) -> float:
