@@ -411,7 +411,7 @@ def chunk_cost(
     first: bool,
     last: bool,
     links: Mapping[str, GroupLinks],
-    layer_cache: dict[tuple[bool, bool], LayerCost],
+    layer_cache: dict[tuple[bool, bool] | str, LayerCost],
     cache: PricingCache | None = None,
     recomputed: int = 0,
 ) -> ChunkCost:
@@ -424,7 +424,12 @@ def chunk_cost(
         if key not in layer_cache:
             layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
         costs.append(layer_cache[key])
-    costs += [price_layer(setup, ops, links, cache) for ops in end_ops(setup, first=first, last=last)]
+    for end, wanted in (("embedding", first), ("lm_head", last)):  # priced once per layer cache, like the layers
+        if wanted:
+            if end not in layer_cache:
+                (ops,) = end_ops(setup, first=end == "embedding", last=end == "lm_head")
+                layer_cache[end] = price_layer(setup, ops, links, cache)
+            costs.append(layer_cache[end])
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
     for cost in costs:

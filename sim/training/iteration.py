@@ -201,7 +201,7 @@ def _chunks_of_class(
     """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
     signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
     # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
-    layer_cache: dict[tuple[bool, bool], LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
+    layer_cache: dict[tuple[bool, bool] | str, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
     costs = [
         cache.memo(
             "chunk",
