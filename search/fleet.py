@@ -42,6 +42,7 @@ from search.solver import solve_checked
 from sim.config import reject_unknown_keys, resolve_model, section
 from sim.errors import ConfigError
 from sim.runner import RunOptions
+from sim.serving.analytic import static_batch_times
 from sim.serving.capacity import replica_memory
 from sim.serving.config import SCHEDULERS, parse_serving
 from sim.serving.metrics import SloSpec, parse_slo, summarize
@@ -67,7 +68,7 @@ DEFAULT_FLEET_REQUESTS = 800
 DEFAULT_MAX_REPAIRS = 6
 # Bisection stops when the met and missed rates are within this ratio.
 CAPACITY_TOLERANCE = 1.05
-START_RATE_PER_S = 1.0
+STARTING_BATCH = 32  # batch of the static-batch estimate the bisection starts from
 MIN_RATE_PER_S = 1 / 64
 MAX_RATE_PER_S = 4096.0
 # When the re-simulated fleet misses the SLO, the capacities of its worst group are scaled by this
@@ -391,7 +392,8 @@ def _capacity_batch(tasks: Sequence[tuple[str, Shape, int]]) -> list[Capacity]:
 
 @lru_cache(maxsize=4096)
 def _capacity(config_json: str, shape: Shape, bucket_index: int) -> Capacity:
-    """Doubling from START_RATE_PER_S to bracket the capacity, then bisection to CAPACITY_TOLERANCE."""
+    """Doubling or halving from ``start_rate_per_s`` to bracket the capacity, then bisection to
+    CAPACITY_TOLERANCE."""
     config = json.loads(config_json)
     space_table = section(config, "search")
     workload = parse_workload(section(config, "workload"))
@@ -409,7 +411,7 @@ def _capacity(config_json: str, shape: Shape, bucket_index: int) -> Capacity:
         probes += 1
         return _meets(config, shape, bucket, share, rate, requests, slo, seed)  # type: ignore[arg-type]
 
-    rate = START_RATE_PER_S
+    rate = start_rate_per_s(config, shape)
     if met(rate):
         low, high = rate, None
         while high is None and low < MAX_RATE_PER_S:
@@ -607,6 +609,11 @@ def simulate_fleet(space: FleetSpace, fleet: Fleet, seed: int) -> FleetRun:
     return FleetRun(fleet=fleet, metrics=metrics, group_metrics=group_metrics, group_specs=parts)
 
 
+def _layout(fleet: Fleet) -> tuple:
+    """What a re-simulation depends on: options, counts and routing shares (to 0.1 %)."""
+    return tuple((g.option, g.counts, tuple(round(s, 3) for s in g.shares)) for g in fleet.groups)
+
+
 def _worst_group(space: FleetSpace, run: FleetRun) -> int:
     """The group that did worst: lowest attainment, saturated first on ties."""
     scored = [(m["slo_attainment"] if m.get("slo_attainment") is not None else 1.0, -int(bool(m.get("saturated"))), i)
@@ -615,20 +622,23 @@ def _worst_group(space: FleetSpace, run: FleetRun) -> int:
 
 
 def _derate(space: FleetSpace, run: FleetRun, table: dict[tuple[Shape, int], float]) -> str:
-    """Lower the capacities of the worst group's shapes (on the buckets it serves) by REPAIR_DERATE:
-    in the fleet's mix they sustain less than when measured alone. Returns what was derated."""
-    group = run.fleet.groups[_worst_group(space, run)]
-    shapes = group.option.shapes
+    """Lower by REPAIR_DERATE the capacities, on the buckets the worst group serves, of every shape of
+    that group's GPU type (of the role that missed, when disaggregated): in the fleet's mix those
+    instances sustain less than when measured alone, and derating one shape at a time would only
+    swap it for a sibling shape measured the same way. Returns what was derated."""
+    worst = _worst_group(space, run)
+    group = run.fleet.groups[worst]
+    roles = {"replica"}
     if group.option.disaggregated:  # the role whose limit was missed: TTFT -> prefill, else decode
-        m = run.group_metrics[_worst_group(space, run)]
-        key = f"p{space.slo.percentile:g}"
-        ttft = (m.get("ttft_s") or {}).get(key, (m.get("ttft_s") or {}).get("p90", 0.0))
-        shapes = (shapes[0],) if space.slo.ttft_s is not None and ttft > space.slo.ttft_s else (shapes[1],)
+        m = run.group_metrics[worst]
+        ttft = (m.get("ttft_s") or {}).get(f"p{space.slo.percentile:g}", (m.get("ttft_s") or {}).get("p90", 0.0))
+        roles = {"prefill"} if space.slo.ttft_s is not None and ttft > space.slo.ttft_s else {"decode"}
+    shapes = [s for s in space.shapes if s.gpu == group.option.gpu and s.role in roles]
     for shape in shapes:
         for b, share in enumerate(group.shares):
-            if share > 0:
+            if share > 0 and (shape, b) in table:
                 table[(shape, b)] *= REPAIR_DERATE
-    return ", ".join(s.label for s in shapes)
+    return f"{group.option.gpu} {'/'.join(sorted(roles))} shapes"
 
 
 # ---- the result --------------------------------------------------------------------------------------
@@ -853,27 +863,47 @@ class FleetSearchResult:
 # ---- the search -----------------------------------------------------------------------------------------
 
 
+def _median_lengths(config: Mapping[str, Any]) -> tuple[int, int]:
+    """Median prompt and output tokens of the workload (2,000 draws, seed 0)."""
+    workload = parse_workload(section(config, "workload"))
+    sample = build_requests(replace(workload, rate_per_s=1.0, num_requests=2000), np.random.default_rng(0))
+    return int(np.median([r.prompt_tokens for r in sample])), int(np.median([r.output_tokens for r in sample]))
+
+
+def _step_cost(config: Mapping[str, Any], shape: Shape) -> StepCostModel:
+    """The step-cost model of one instance of ``shape`` (the one the serving DES builds)."""
+    model = resolve_model(config)
+    spec = parse_serving(_serving_base(config))
+    gpu = get_gpu(shape.gpu)
+    node = get_node(gpu.default_node)
+    cluster = build_cluster(gpu, node, get_network(node.default_network), shape.tp)
+    return StepCostModel(
+        ReplicaShape(model=model, cluster=cluster, tp=shape.tp, weight_precision=spec.weight_precision,
+                     kv_precision=spec.kv_precision, activation_precision=spec.activation_precision),
+        step_overhead_s=spec.step_overhead_s, request_overhead_s=spec.request_overhead_s,
+    )
+
+
+def start_rate_per_s(config: Mapping[str, Any], shape: Shape) -> float:
+    """Where the capacity bisection starts: half the request rate of static batches of
+    min(max_num_seqs, STARTING_BATCH) median requests back to back (cost model only), a power of 2
+    so that nearby shapes share probe rates."""
+    prompt, output = _median_lengths(config)
+    batch = min(shape.max_num_seqs, STARTING_BATCH)
+    times = static_batch_times(_step_cost(config, shape), batch=batch, input_tokens=prompt, output_tokens=output)
+    rate = batch / times.total_s / 2
+    return float(2.0 ** round(math.log2(min(max(rate, MIN_RATE_PER_S), MAX_RATE_PER_S))))
+
+
 def unservable_reason(space: FleetSpace) -> str:
     """Why no instance can meet the SLO, from the cost model: the median prompt's prefill alone
     against the TTFT limit and one decode step against the TPOT limit, on the fastest shape."""
     config = space.config
-    workload = parse_workload(section(config, "workload"))
-    sample = build_requests(replace(workload, rate_per_s=1.0, num_requests=2000), np.random.default_rng(0))
-    median_prompt = int(np.median([r.prompt_tokens for r in sample]))
-    median_output = int(np.median([r.output_tokens for r in sample]))
-    model = resolve_model(config)
-    spec = parse_serving(_serving_base(config))
+    median_prompt, median_output = _median_lengths(config)
     best_prefill: tuple[float, str] | None = None
     best_decode: tuple[float, str] | None = None
     for shape in space.shapes:
-        gpu = get_gpu(shape.gpu)
-        node = get_node(gpu.default_node)
-        cluster = build_cluster(gpu, node, get_network(node.default_network), shape.tp)
-        cost = StepCostModel(
-            ReplicaShape(model=model, cluster=cluster, tp=shape.tp, weight_precision=spec.weight_precision,
-                         kv_precision=spec.kv_precision, activation_precision=spec.activation_precision),
-            step_overhead_s=spec.step_overhead_s, request_overhead_s=spec.request_overhead_s,
-        )
+        cost = _step_cost(config, shape)
         prefill = cost.batch_time_s(median_prompt, [(median_prompt, median_prompt)], 1)
         decode = cost.batch_time_s(1, [(1, median_prompt + median_output)], 1)
         if best_prefill is None or prefill < best_prefill[0]:
@@ -927,23 +957,22 @@ def search_fleet(config: Mapping[str, Any], options: SearchOptions) -> FleetSear
     runs += len(planned.groups)
     repairs: list[str] = []
     while not run.metrics["slo_met"] and len(repairs) < space.max_repairs:
-        before = run.metrics["slo_attainment"]
+        m = run.metrics
+        before = (f"attainment {m['slo_attainment']:.1%}, " + ("the queue grows (saturated)" if m["saturated"]
+                  else f"below p{space.slo.percentile:g}"))
         derated = _derate(space, run, table)
         fleet = solve_fleet(space, table, space.target_rate_per_s)
         if fleet is None or not fleet.groups:
-            repairs.append(f"attainment {before:.1%} missed p{space.slo.percentile:g}; with {derated} at "
-                           f"{REPAIR_DERATE:.0%} capacity no fleet fits the availability caps")
+            repairs.append(f"{before}; with {derated} at {REPAIR_DERATE:.0%} capacity no fleet fits the caps")
             break
-        if fleet.groups == run.fleet.groups:
-            repairs.append(f"attainment {before:.1%} missed p{space.slo.percentile:g}: {derated} capacity x "
-                           f"{REPAIR_DERATE:g}, the MILP keeps the same fleet")
+        if _layout(fleet) == _layout(run.fleet):
+            repairs.append(f"{before}: {derated} capacity x {REPAIR_DERATE:g}, the MILP keeps the same fleet")
             continue
         run = simulate_fleet(space, fleet, seed)
         runs += len(fleet.groups)
         desc = " + ".join(f"{'/'.join(map(str, g.counts))} x {g.option.label}" for g in fleet.groups)
-        repairs.append(f"attainment {before:.1%} missed p{space.slo.percentile:g}: {derated} capacity x "
-                       f"{REPAIR_DERATE:g}, re-planned {desc} (${fleet.cost_per_hour:.2f}/h): attainment "
-                       f"{run.metrics['slo_attainment']:.1%}")
+        repairs.append(f"{before}: {derated} capacity x {REPAIR_DERATE:g}, re-planned {desc} "
+                       f"(${fleet.cost_per_hour:.2f}/h): attainment {run.metrics['slo_attainment']:.1%}")
     homogeneous = {
         gpu: solve_fleet(space, table, space.target_rate_per_s, [o for o in space.options if o.gpu == gpu],
                          label=f"only {gpu}")
