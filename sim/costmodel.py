@@ -122,7 +122,8 @@ def _op_time_s(
 ) -> float:
     if op.kind == "gemm":
         return cost.gemm_time_s(
-            gpu, op.m, op.n, op.k, precision=precision, bytes_per_element=gemm_bytes_per_element(op), batch=op.batch
+            gpu, op.m, op.n, op.k, precision=op.precision or precision, bytes_per_element=gemm_bytes_per_element(op),
+            batch=op.batch,
         )
     if op.kind == "attention":
         if not op.sequences:

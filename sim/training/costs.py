@@ -10,7 +10,7 @@ iteration in ``sim.training.iteration``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from hardware.collectives import GroupLinks, collective_time_s
@@ -58,7 +58,7 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     )
 
 
-GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate")
+GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate", "pp")
 
 
 def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
@@ -76,6 +76,7 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
         "ep": (base, plan.tp, plan.ep),
         "dp_shard": (base, plan.tp, min(shard, dp_cp)),
         "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
+        "pp": (base - stage * plan.tp * dp_cp, plan.tp * dp_cp, plan.pp),  # the stage's rank across stages
     }
 
 
@@ -143,7 +144,73 @@ def layer_passes(
     else:
         recompute = []
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
+    if job.precision == "fp8":
+        forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+# Ops whose output feeds a GEMM and into which Transformer Engine fuses the fp8 cast (+ transpose) of
+# that output under delayed scaling (LayerNormLinear / LayerNormMLP: the norm or activation kernel
+# writes fp8 and fp8^T, 2 bytes, instead of 16-bit, 2 bytes: no extra traffic); in backward the
+# activation's backward likewise emits the fp8 gradient of the GEMM before it.
+FP8_FUSED_PRODUCERS = ("input_norm", "residual_norm", "mlp_activation", "experts_activation", "shared_activation")
+# GEMMs Transformer Engine / Megatron-Core keep in 16 bits during fp8 training: the MoE router
+# (a plain linear layer) and the materialised attention score / value products.
+FP8_BF16_GEMMS = ("router", "attention_scores", "attention_values")
+# Bytes per element of a separate cast-transpose kernel: read 16 bits, write fp8 and fp8^T; current
+# scaling adds an amax pass (read 16 bits) before the cast and cannot fuse it into the producer.
+FP8_CAST_TRANSPOSE_BYTES = 2.0 + 1.0 + 1.0
+FP8_AMAX_BYTES = 2.0
+
+
+def fp8_passes(
+    setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op]
+) -> tuple[list[Op], list[Op], list[Op]]:
+    """fp8 training (Transformer Engine): each layer GEMM's 16-bit input is cast to fp8 (with the
+    transposed copy wgrad needs) and so is its output gradient before dgrad/wgrad, fused into the
+    producing norm/activation kernel where TE fuses it (delayed scaling) and a separate kernel
+    otherwise; current scaling adds an amax pass to every cast. Router and attention products stay
+    16-bit (``FP8_BF16_GEMMS``); the LM head does too (``end_ops`` builds it with 16-bit weights)."""
+    current = setup.fp8_recipe == "current"
+
+    def cast_bytes(producer: str, gradient: bool) -> float:
+        name = producer.removeprefix("recompute_")
+        if gradient and name.endswith("_backward"):
+            # backward: only an activation's backward emits the fp8 gradient (a norm's backward
+            # writes the 16-bit residual-stream gradient the next Linear casts itself)
+            name = name.removesuffix("_backward")
+            fusable = name.endswith("_activation")
+        else:
+            fusable = True
+        fused = not current and fusable and name in FP8_FUSED_PRODUCERS
+        return 0.0 if fused else FP8_CAST_TRANSPOSE_BYTES + (FP8_AMAX_BYTES if current else 0.0)
+
+    def stays_16bit(op: Op) -> bool:
+        return op.name.split("_")[0] == "router" or op.name.startswith(FP8_BF16_GEMMS)
+
+    def keep_16bit(ops: list[Op]) -> list[Op]:
+        return [replace(op, precision="bf16") if op.kind == "gemm" and stays_16bit(op) else op for op in ops]
+
+    def with_casts(ops: list[Op], gradient: bool) -> list[Op]:
+        out: list[Op] = []
+        producer = ""
+        for index, op in enumerate(ops):
+            if op.kind == "gemm" and op.weight and not stays_16bit(op) and not op.name.endswith("_wgrad"):
+                # the GEMM's 16-bit input is m x k: X in forward; dY (m x forward n) for a dgrad, whose
+                # producer is the op just before it in backward order (collectives skipped)
+                elements = op.m * op.k * op.batch
+                per_element = cast_bytes(producer, gradient)
+                if per_element:
+                    out.append(Op(name=f"{op.name}_fp8_cast", kind="memory", bytes_moved=per_element * elements,
+                                  backward_bytes_moved=0.0, recompute=op.recompute))
+            out.append(op)
+            if op.kind != "collective":
+                producer = op.name
+        return out
+
+    forward = with_casts(keep_16bit(forward), gradient=False)
+    b_ops = with_casts(keep_16bit(b_ops), gradient=True)
+    return forward, b_ops, keep_16bit(w_ops)
 
 
 def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
@@ -180,13 +247,67 @@ class PassCost:
         return self.compute_s + sum(self.exposed_comm_s.values())
 
 
+# Transformer Engine's default userbuffer overlap methods (initialize_ub in
+# transformer_engine/pytorch/module/base.py, as Megatron-Core --tp-comm-overlap configures them):
+# the all-gathers of the QKV / fc1 inputs (forward) and of the proj / fc2 output gradients (backward)
+# use "ring_exchange" (tp chunks of the tokens, each chunk's GEMM runs while the next chunk arrives);
+# the reduce-scatters of the proj / fc2 outputs use "pipeline" (the GEMM in TP_PIPELINE_SPLITS chunks,
+# each chunk's reduce-scatter behind the next chunk's GEMM); the reduce-scatters of the QKV / fc1
+# input gradients use "bulk" (the whole collective beside the weight-gradient GEMM, unsplit).
+TP_PIPELINE_SPLITS = 4
+TP_OVERLAPPED_COLLECTIVES = ("attention_", "mlp_")  # the layer's TP collectives (not the embedding / LM head)
+
+
+def _paired_tp_overlap(
+    setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], collective_time
+) -> float:  # type: ignore[no-untyped-def]
+    """Transformer Engine's comm-GEMM overlap, GEMM by GEMM (``TP_PIPELINE_SPLITS`` above): an
+    all-gather hides behind the GEMM that consumes it, a reduce-scatter behind the GEMM that produces
+    it, each GEMM's time hiding at most its own collectives. Split into n chunks, 1/n of the
+    collective has nothing to hide behind; a bulk overlap hides the collective unsplit. Collectives
+    without such a GEMM (all-reduces, the embedding's and LM head's) stay exposed. The efficiency
+    the n chunk GEMMs of m/n rows lose is not priced: the GEMM model's wave quantization makes them
+    1.3-1.6x slower at m/tp = 512 on H100, which the published Megatron-Core rows contradict
+    (issue 11 closing note). Returns the TP seconds hidden."""
+    tp = setup.plan.tp
+    gpu, precision = setup.cluster.gpu, setup.job.precision
+    hidden = 0.0
+    gemm_left: dict[int, float] = {}  # GEMM index -> its time not yet used to hide traffic
+    for index, op in enumerate(ops):
+        if op.kind != "collective" or op.axis != "tp" or op.collective not in ("all_gather", "reduce_scatter"):
+            continue
+        if not op.name.removeprefix("recompute_").startswith(TP_OVERLAPPED_COLLECTIVES):
+            continue
+        backward = op.name.endswith("_backward")
+        if op.collective == "all_gather":
+            step, splits = 1, tp  # ring exchange
+        else:
+            step, splits = -1, (1 if backward else TP_PIPELINE_SPLITS)  # bulk / pipeline
+        j = index + step
+        while 0 <= j < len(ops) and ops[j].kind != "gemm":
+            if ops[j].kind == "collective" and ops[j].axis == "tp":
+                j = -1  # another TP collective in between: nothing to pair
+                break
+            j += step
+        if not 0 <= j < len(ops):
+            continue
+        if j not in gemm_left:
+            gemm_left[j] = costmodel.op_time_s(ops[j], gpu, precision=precision, links=links)
+        seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
+        covered = min(seconds * (splits - 1) / splits if splits > 1 else seconds, gemm_left[j])
+        gemm_left[j] -= covered
+        hidden += covered
+    return hidden
+
+
 def price_pass(
     setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], cache: PricingCache | None = None
 ) -> PassCost:
     """Compute plus the communication left on the critical path.
 
-    TP collectives block the compute stream unless ``tp_comm_overlap`` (then all but 1/tp of them
-    hides behind the pass's GEMMs, which run slower by ``overlap_slowdown`` while overlapped); the context-parallel
+    TP collectives block the compute stream unless ``tp_comm_overlap`` (then each all-gather /
+    reduce-scatter hides, but for 1/tp, behind its paired GEMM, see ``_paired_tp_overlap``; overlapped
+    compute runs slower by ``overlap_slowdown``); the context-parallel
     K/V ring overlaps the attention kernel (the all-gather variant blocks); expert all-to-alls block.
     """
     gpu, precision = setup.cluster.gpu, setup.job.precision
@@ -211,13 +332,11 @@ def price_pass(
             attention += seconds
     slowdown = setup.overlap_slowdown - 1.0
     exposed: dict[str, float] = {}
+    tp_paired = setup.plan.tp_comm_overlap and setup.plan.tp > 1 and "tp" in comm
+    hidden_tp = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else 0.0
     for axis, seconds in comm.items():
-        if axis == "tp" and setup.plan.tp_comm_overlap:
-            # comm-GEMM overlap (Transformer Engine's ring exchange) splits each GEMM into tp chunks
-            # and exchanges one chunk while computing another: the first all-gather chunk (and the
-            # last reduce-scatter chunk) has no GEMM to hide behind, so 1/tp of the traffic stays exposed
-            tp = setup.plan.tp
-            hidden = min(seconds * (tp - 1) / tp, gemm)
+        if axis == "tp" and tp_paired:
+            hidden = hidden_tp
         elif axis == "cp":
             hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
@@ -259,21 +378,44 @@ def price_layer(
 
 
 def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list[Op], list[Op], list[Op]]]:
-    """F, B, W ops of the embedding (first chunk) and LM head + loss (last chunk)."""
+    """F, B, W ops of the embedding (first chunk) and LM head + loss (last chunk); with
+    ``vocab_parallel`` every stage runs a 1/pp vocabulary shard of both (``chunk_ends``)."""
     model, job, plan = setup.model, setup.job, setup.plan
     tokens = job.micro_batch * job.seq_len // plan.cp
     act = bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
     sharding = _sharding(setup)
+    split = plan.pp if plan.vocab_parallel else 1
     ends = []
     if first:
-        ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
+        ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split))
     if last:
-        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
+        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split))
     out = []
     for forward in ends:
+        if job.precision == "fp8":
+            # Megatron's output layer is not a Transformer Engine fp8 module: the LM head runs 16-bit
+            forward = [replace(op, precision="bf16") if op.kind == "gemm" else op for op in forward]
         b_ops, w_ops = backward_ops(forward)
         out.append((forward, b_ops, accumulate_main_grads(setup, w_ops)))
     return out
+
+
+# GPUs that share one PCIe switch and its x16 uplink to host memory on an 8-GPU HGX/DGX baseboard
+# (DGX A100 and DGX H100 system topologies: four PCIe switches, two GPUs each); every pipeline stage
+# offloads at once, so each GPU gets half the uplink.
+GPUS_PER_PCIE_SWITCH = 2
+
+
+def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chunk_s: float) -> float:
+    """Stall per micro-batch of a chunk that offloads ``offloaded_bytes`` of its activations to host
+    memory after F and reloads them before B (PipeOffload, Wan et al. 2025, arXiv 2503.01328): the
+    copies run on the copy engines during the stage's other work, one each way per micro-batch and
+    ``chunk_s`` of compute per micro-batch to hide them, over the GPU's share of its PCIe switch's
+    uplink; whatever does not fit stalls the backward."""
+    node = setup.cluster.node
+    share = min(GPUS_PER_PCIE_SWITCH, node.gpus_per_node)
+    seconds = max(offloaded_bytes / (node.host_to_device_Bps / share), offloaded_bytes / (node.device_to_host_Bps / share))
+    return max(0.0, seconds - chunk_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -290,7 +432,7 @@ def chunk_cost(
     first: bool,
     last: bool,
     links: Mapping[str, GroupLinks],
-    layer_cache: dict[tuple[bool, bool], LayerCost],
+    layer_cache: dict[tuple[bool, bool] | str, LayerCost],
     cache: PricingCache | None = None,
     recomputed: int = 0,
 ) -> ChunkCost:
@@ -303,7 +445,12 @@ def chunk_cost(
         if key not in layer_cache:
             layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
         costs.append(layer_cache[key])
-    costs += [price_layer(setup, ops, links, cache) for ops in end_ops(setup, first=first, last=last)]
+    for end, wanted in (("embedding", first), ("lm_head", last)):  # priced once per layer cache, like the layers
+        if wanted:
+            if end not in layer_cache:
+                (ops,) = end_ops(setup, first=end == "embedding", last=end == "lm_head")
+                layer_cache[end] = price_layer(setup, ops, links, cache)
+            costs.append(layer_cache[end])
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
     for cost in costs:
@@ -311,6 +458,20 @@ def chunk_cost(
             _add(exposed, pass_cost.exposed_comm_s)
             flops += pass_cost.flops
             recompute_flops += pass_cost.recompute_flops
+    # Vocabulary parallelism's pipeline-group collectives run on their own stream beside the chunk's
+    # transformer layers (Yeung et al. 2024, arXiv 2411.05288, Sec. 4: the output-layer all-reduces
+    # are overlapped with the layers' computation): per pass, they hide behind the layers' compute,
+    # which runs slower by ``overlap_slowdown`` meanwhile; the rest stays exposed
+    hidden_pp = [0.0, 0.0, 0.0]
+    if plan.vocab_parallel and (first or last):
+        slowdown = setup.overlap_slowdown - 1.0
+        layer_costs = costs[: len(layers)]
+        for k, name in enumerate(("forward", "backward_input", "backward_weight")):
+            comm = sum(getattr(c, name).exposed_comm_s.get("pp", 0.0) for c in costs[len(layers):])
+            room = sum(getattr(c, name).compute_s for c in layer_costs)
+            hidden = min(comm, room)
+            hidden_pp[k] = hidden - hidden * slowdown
+            exposed["pp"] = exposed.get("pp", 0.0) - hidden
     tokens = job.micro_batch * job.seq_len // plan.cp
     send = tokens * model.hidden * bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
     if plan.tp > 1:
@@ -321,13 +482,19 @@ def chunk_cost(
         model, plan, job, moe=model.is_moe, flash_attention=setup.attention_kernel == "flash", dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
+    activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
+    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0],
+              sum(c.backward_input.total_s for c in costs) - hidden_pp[1],
+              sum(c.backward_weight.total_s for c in costs) - hidden_pp[2]]
+    if plan.activation_offload:
+        passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))
     work = ChunkWork(
-        forward_s=sum(c.forward.total_s for c in costs),
-        backward_input_s=sum(c.backward_input.total_s for c in costs),
-        backward_weight_s=sum(c.backward_weight.total_s for c in costs),
+        forward_s=passes[0],
+        backward_input_s=passes[1],
+        backward_weight_s=passes[2],
         exposed_comm_s=exposed,
         recompute_s=sum(c.recompute_s for c in costs),
-        activation_bytes=(len(layers) - recomputed) * per_layer_activation + recomputed * parts[2],
+        activation_bytes=activation_bytes,
         send_bytes=send,
         layers=len(layers),
     )

@@ -34,7 +34,8 @@ from sim.training.activations import (
     stored_activation_bytes,
 )
 from workloads.model import ModelSpec
-from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+from sim.training.schedules import plan_layer_counts, plan_placement, plan_profile, stage_ends
+from workloads.plan import ParallelPlan, TrainingJob
 
 # ---- byte sizes and fixed reserves: the one place for memory constants --------------------------
 WEIGHT_BYTES = 2.0  # bf16/fp16 model weights
@@ -126,14 +127,16 @@ def stage_recompute_counts(model: ModelSpec, plan: ParallelPlan) -> tuple[int, .
 
 
 def stage_layer_kinds(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[int, int], ...]:
-    """(dense, MoE) transformer layers of every stage; chunk c runs on stage c % pp, and the first
+    """(dense, MoE) transformer layers of every stage; chunk c runs on stage ``plan_placement(plan)[c]``
+    (c % pp for looping schedules), and the first
     ``model.dense_layers`` layers of an MoE model are dense."""
-    counts = stage_layer_counts(model.layers, plan)
+    counts = plan_layer_counts(model.layers, plan)
+    place = plan_placement(plan)
     dense = [0] * plan.pp
     moe = [0] * plan.pp
     start = 0
     for chunk, count in enumerate(counts):
-        stage = chunk % plan.pp
+        stage = place[chunk]
         in_moe = max(0, start + count - max(start, model.dense_layers)) if model.is_moe else 0
         moe[stage] += in_moe
         dense[stage] += count - in_moe
@@ -171,9 +174,14 @@ class StageMemoryClass(NamedTuple):
     stored_bytes_per_microbatch: float  # transformer-layer activations of one in-flight micro-batch
     first_stage_tokens: float  # s b / cp on the first stage (token ids and embedding mask), else 0
     first_stage_bytes_per_token: float  # token id + embedding dropout mask bytes per token
+    offload_fraction: float = 0.0  # parallel.activation_offload
 
     def activations_bytes(self, inflight: float) -> float:
-        """Stored activations with ``inflight`` micro-batches in flight."""
+        """Stored activations with ``inflight`` micro-batches in flight; with activation offload a
+        fraction ``offload_fraction`` of every pending micro-batch's activations but the one in use
+        sits in host memory (PipeOffload, Wan et al. 2025, arXiv 2503.01328)."""
+        if self.offload_fraction:
+            inflight = min(inflight, 1.0) + max(inflight - 1.0, 0.0) * (1.0 - self.offload_fraction)
         activations = inflight * self.stored_bytes_per_microbatch
         if self.first_stage_tokens:
             activations += inflight * self.first_stage_tokens * self.first_stage_bytes_per_token
@@ -242,13 +250,14 @@ def stage_memory_terms(
             p = _layer_params(model, plan, moe)
             dense, expert, matmul = dense + count * p.dense, expert + count * p.expert, matmul + count * p.matmul
             largest_layer = max(largest_layer, p.dense + p.expert)
-    table = model.vocab * model.hidden / t  # vocab-parallel embedding / LM head
+    split = plan.pp if plan.vocab_parallel else 1  # vocabulary parallelism: a 1/pp shard on every stage
+    table = model.vocab * model.hidden / (t * split)  # vocab-parallel embedding / LM head
     if first:
         dense += table + (model.max_seq_len * model.hidden if model.position == "learned" else 0)
         largest_layer = max(largest_layer, table)
     if last:
         dense += model.norm_parameters()
-        if not model.tied_embeddings or plan.pp > 1:
+        if not model.tied_embeddings or not first:  # a tied head on another stage is a second copy
             dense += table
             largest_layer = max(largest_layer, table)
 
@@ -285,11 +294,12 @@ def stage_memory_terms(
         recompute_working = max(recompute_working, parts[0] - parts[2])
 
     # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
-    # held for every micro-batch under gpipe, for one under the 1F1B family
+    # held for as many micro-batches as the schedule program keeps in flight on the last chunk (every
+    # micro-batch under gpipe and bfs, one under the 1F1B family)
     logits = 0.0
     if last:
-        live = job.num_microbatches(plan.dp) if plan.schedule == "gpipe" else 1
-        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
+        live = plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight
+        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab / split) / t
     return StageMemoryTerms(
         dense, expert, matmul, largest_layer, stored_per_microbatch, tokens if first else 0.0, first_bytes_per_token,
         recompute_working, logits,
@@ -363,6 +373,7 @@ def stage_memory_class(
         stored_bytes_per_microbatch=terms.stored_bytes_per_microbatch,
         first_stage_tokens=terms.first_stage_tokens,
         first_stage_bytes_per_token=terms.first_stage_bytes_per_token,
+        offload_fraction=plan.activation_offload,
     )
 
 
@@ -393,9 +404,10 @@ def stage_memory(
     if not 0 <= stage < plan.pp:
         raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
     dense_layers, moe_layers = stage_layer_kinds(model, plan)[stage]
+    first, last = stage_ends(plan)[stage]
     kind = stage_memory_class(
-        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=stage == 0,
-        last=stage == plan.pp - 1, recomputed_layers=stage_recompute_counts(model, plan)[stage],
+        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=first,
+        last=last, recomputed_layers=stage_recompute_counts(model, plan)[stage],
         flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
     )
     inflight = inflight_microbatches(plan, job.num_microbatches(plan.dp), stage)
@@ -411,10 +423,10 @@ def stage_memory_classes(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[Me
     in-flight micro-batches."""
     keys: dict[MemoryKind, int] = {}
     stage_class = []
-    last_stage = plan.pp - 1
+    ends = stage_ends(plan)
     recomputed = stage_recompute_counts(model, plan)
     for stage, (dense, moe) in enumerate(stage_layer_kinds(model, plan)):
-        key = (dense, moe, stage == 0, stage == last_stage, recomputed[stage])
+        key = (dense, moe, *ends[stage], recomputed[stage])
         stage_class.append(keys.setdefault(key, len(keys)))
     return tuple(keys), tuple(stage_class)
 
