@@ -31,6 +31,7 @@ def add_calibrate_parser(commands, parser_class, add_format) -> None:
     fit.add_argument("measurements", metavar="MEASUREMENTS.csv")
     fit.add_argument("--gpu", metavar="NAME", help="catalog GPU (default: the CSV's gpu column)")
     fit.add_argument("--framework", metavar="NAME", help="fit the tables of this stack (default: the stack with most rows per op)")
+    fit.add_argument("--gemm-precisions", metavar="LIST", help="comma-separated GEMM precisions to fit (default: all measured)")
     fit.add_argument("--out", metavar="P.toml", required=True)
     add_format(fit)
 
@@ -88,7 +89,8 @@ def cmd_calibrate(args: argparse.Namespace, dumps) -> int:
 
     frame = read_csv(args.measurements)
     name = _gpu_name(frame, args.gpu)
-    profile = fit_profile(frame, get_gpu(name), framework=args.framework,
+    precisions = [p.strip() for p in args.gemm_precisions.split(",") if p.strip()] if args.gemm_precisions else None
+    profile = fit_profile(frame, get_gpu(name), framework=args.framework, gemm_precisions=precisions,
                           source=f"llmsim calibrate fit {Path(args.measurements).name} ({len(frame)} rows)")
     if not (profile.gemm or profile.attention_prefill or profile.attention_decode or profile.collectives or profile.memory or profile.launch_overhead_s):
         raise MeasurementError(f"{args.measurements}: no rows llmsim can fit (gemm, attention, collectives, memory, launch)")

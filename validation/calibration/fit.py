@@ -18,7 +18,7 @@ kind and precision the fit takes the stack with the most rows unless ``framework
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -116,9 +116,11 @@ def _log_ratio(analytic_s: np.ndarray, measured_s: np.ndarray) -> tuple[np.ndarr
 
 
 def fit_profile(
-    frame: pd.DataFrame, gpu: GpuSpec, *, framework: str | None = None, source: str = ""
+    frame: pd.DataFrame, gpu: GpuSpec, *, framework: str | None = None, source: str = "",
+    gemm_precisions: Sequence[str] | None = None,
 ) -> CalibrationProfile:
-    """Fit every op kind present in ``frame`` (measurement rows of ``gpu``) into a profile."""
+    """Fit every op kind present in ``frame`` (measurement rows of ``gpu``) into a profile
+    (GEMM surfaces only for ``gemm_precisions`` when given)."""
     frame = select_stacks(frame, framework)
     analytic = Predictor(with_profile(gpu, None))
     gemm: dict[str, Surface] = {}
@@ -128,6 +130,8 @@ def fit_profile(
 
     rows = frame[(frame["op"] == "gemm") & (frame["batch"].fillna(1) == 1)]
     for precision, part in rows.groupby("precision"):
+        if gemm_precisions is not None and precision not in gemm_precisions:
+            continue
         predicted, _ = analytic.predict(part)
         ok, y = _log_ratio(predicted, part["latency_s"].to_numpy())
         if ok.sum() == 0:
