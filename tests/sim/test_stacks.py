@@ -177,3 +177,15 @@ def test_fp8_speedup_matches_the_transformer_engine_readme_pair() -> None:
         return simulate_training(config, RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
 
     assert seconds("bf16") / seconds("fp8") == pytest.approx(24.7 / 16.1, rel=0.10)
+
+
+def test_toml_writer_round_trips_configs() -> None:
+    import math
+    import tomllib
+
+    from sim.toml_writer import dumps
+
+    config = {"model": {"name": "x", "hidden": 3}, "training": {"seq_len": 2048, "lr": 1.5e-4, "b": True, "l": [1, 2]},
+              "serving": {"speculative": {"acceptance_rate": 0.5}, "router": "a \"quoted\" name"}}
+    assert tomllib.loads(dumps(config)) == config
+    assert math.isinf(tomllib.loads(dumps({"t": {"x": float("inf")}}))["t"]["x"])
