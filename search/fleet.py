@@ -38,14 +38,13 @@ from hardware.errors import CatalogError
 from search.executor import map_batches
 from search.progress import progress
 from search.run import DEFAULT_TOP_K, SearchOptions
-from search.solver import check_constraints, solve
+from search.solver import solve_checked
 from sim.config import reject_unknown_keys, resolve_model, section
 from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.serving.capacity import replica_memory
 from sim.serving.config import SCHEDULERS, parse_serving
 from sim.serving.metrics import SloSpec, parse_slo, summarize
-from sim.serving.result import to_record
 from sim.serving.run import simulate_serving
 from sim.serving.stepcost import ReplicaShape, StepCostModel
 from sim.toml_writer import dumps as toml_dumps
@@ -530,12 +529,9 @@ def solve_fleet(space: FleetSpace, capacities: Mapping[tuple[Shape, int], float]
     if built is None:
         return None
     problem, v, extra = built
-    solution = solve(problem)
-    if not solution.optimal:
+    solution = solve_checked(problem)
+    if solution is None:
         return None
-    violated = check_constraints(problem, solution, tolerance=1e-6)
-    if violated:
-        raise AssertionError(f"fleet MILP: the solver's solution violates {', '.join(violated)}")
     options, counts, split = v["options"], v["counts"], v["split"]
     groups = []
     cost = served = 0.0
