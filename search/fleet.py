@@ -552,18 +552,19 @@ def solve_fleet(space: FleetSpace, capacities: Mapping[tuple[Shape, int], float]
 
 def _route(specs: Sequence[RequestSpec], space: FleetSpace, fleet: Fleet) -> list[list[RequestSpec]]:
     """The size-aware router: each request to a group serving its bucket, by smooth weighted round
-    robin over the groups' shares of that bucket."""
+    robin over the groups' shares of that bucket; the share no group takes (goodput objective: what
+    the budget does not buy) is shed at the router (left out of every part)."""
     parts: list[list[RequestSpec]] = [[] for _ in fleet.groups]
-    credit = np.zeros((len(space.buckets), len(fleet.groups)))
+    credit = np.zeros((len(space.buckets), len(fleet.groups) + 1))
     for spec in specs:
         b = next(i for i, (lo, hi) in enumerate(space.buckets) if lo <= spec.prompt_tokens <= hi)
-        weights = np.array([g.shares[b] for g in fleet.groups])
-        if weights.sum() <= 0:
-            continue  # a bucket the fleet does not serve (goodput objective): these requests are lost
+        served = [g.shares[b] for g in fleet.groups]
+        weights = np.array(served + [max(0.0, 1.0 - sum(served))])
         credit[b] += weights
         pick = int(np.argmax(credit[b]))
         credit[b, pick] -= weights.sum()
-        parts[pick].append(spec)
+        if pick < len(fleet.groups):
+            parts[pick].append(spec)
     return parts
 
 
@@ -593,12 +594,16 @@ def simulate_fleet(space: FleetSpace, fleet: Fleet, seed: int) -> FleetRun:
         group_records = result.records()
         records.extend(group_records)
         group_metrics.append(summarize(group_records, slo=space.slo, offered_rate_per_s=rate))
-    served_ids = {r.request_id for r in records}
-    lost = [s for s in specs if s.request_id not in served_ids]  # routed nowhere: count as misses
-    metrics = summarize(records, slo=space.slo, offered_rate_per_s=space.target_rate_per_s)
-    if lost:
-        metrics["slo_attainment"] = metrics["goodput_requests_per_s"] * metrics["duration_s"] / len(specs)
-        metrics["slo_met"] = metrics["slo_attainment"] >= space.slo.percentile / 100
+    admitted = len(records)
+    metrics = summarize(records, slo=space.slo, offered_rate_per_s=space.target_rate_per_s * admitted / len(specs))
+    good = (metrics["slo_attainment"] or 0.0) * admitted
+    metrics["shed_requests"] = len(specs) - admitted  # shed at the router: count as misses
+    metrics["admitted_slo_attainment"] = metrics["slo_attainment"]
+    metrics["slo_attainment"] = good / len(specs)
+    metrics["num_requests"] = len(specs)
+    # cost: every request within the SLO at the percentile; goodput: every admitted request
+    met_share = metrics["slo_attainment"] if space.objective == "cost" else metrics["admitted_slo_attainment"] or 0.0
+    metrics["slo_met"] = met_share >= space.slo.percentile / 100 and not metrics["saturated"]
     return FleetRun(fleet=fleet, metrics=metrics, group_metrics=group_metrics, group_specs=parts)
 
 
@@ -728,8 +733,11 @@ class FleetSearchResult:
         cpm = cost_per_million_tokens(self.best.fleet.cost_per_hour, m["output_tokens_per_s"])
         lines.append(f"  cost ${self.best.fleet.cost_per_hour:.2f}/h, ${cpm:.3f} per million output tokens" if cpm else
                      f"  cost ${self.best.fleet.cost_per_hour:.2f}/h")
+        shed = (f"; {m['shed_requests']} shed at the router (over budget), attainment of the admitted "
+                f"{m['admitted_slo_attainment']:.1%}" if m["shed_requests"] else "")
         lines.append(f"  re-simulated at {s.target_rate_per_s:g} req/s ({m['num_requests']} requests): SLO attainment "
-                     f"{m['slo_attainment']:.1%} ({verdict} p{s.slo.percentile:g}); TTFT p90 {(m['ttft_s'] or {}).get('p90', float('nan')):.3f} s, "
+                     f"{m['slo_attainment']:.1%}{shed} ({verdict} p{s.slo.percentile:g}); goodput "
+                     f"{m['goodput_requests_per_s']:.2f} req/s; TTFT p90 {(m['ttft_s'] or {}).get('p90', float('nan')):.3f} s, "
                      f"TPOT p90 {(m['tpot_s'] or {}).get('p90', float('nan')):.4f} s, {m['output_tokens_per_s']:.0f} output tok/s")
         for note in self.repairs:
             lines.append(f"  repair: {note}")
