@@ -154,12 +154,13 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
                               violates=light.violates))
     funnel.screened = len(lights)
     funnel.fits_in_memory = sum(1 for x in lights if x.violates != "memory")
-    feasible = sorted((x for x in lights if not x.violates), key=lambda x: (x.objective, x.index))
+    # ties (equal objective) go to the plan with the smaller peak memory, then to enumeration order
+    feasible = sorted((x for x in lights if not x.violates), key=lambda x: (x.objective, x.metrics[_PEAK], x.index))
     funnel.meets_constraints = len(feasible)
 
     # ---- MILP refinement of the best plans ---------------------------------------------------------
     refined = _refine(space, token, bases, feasible, lights, top_k, funnel, len(candidates))
-    pool = sorted(feasible + refined, key=lambda x: (x.objective, x.index))
+    pool = sorted(feasible + refined, key=lambda x: (x.objective, x.metrics[_PEAK], x.index))
 
     # ---- DES re-ranking of the top K -------------------------------------------------------------
     sources = {x.index: x.source for x in pool}
@@ -171,7 +172,8 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
     funnel.des_reranked = len(des)
     reranked = [Plan(index=p.index, candidate=p.candidate, context=p.context, source=p.source, analytic=p.analytic,
                      des=m) for p, m in zip(top, des)]
-    reranked.sort(key=lambda p: (objective_value(p, space.objective, space.train_tokens), p.index))
+    reranked.sort(key=lambda p: (objective_value(p, space.objective, space.train_tokens), p.des["peak_memory_bytes"],
+                                 p.index))
     ranked = [p for p in reranked if _feasible(space, p.des, p.candidate)] or reranked
 
     # ---- Pareto set over every feasible plan (analytic) ------------------------------------------
