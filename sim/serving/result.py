@@ -91,7 +91,13 @@ class ServingResult:
                 "utilization": [r.busy_s / duration if duration > 0 else 0.0 for r in pool.replicas],
                 "steps": [r.steps for r in pool.replicas],
             })
+        records = self.records()
+        prompt = max(1, round(sum(r.prompt_tokens for r in records) / len(records))) if records else 1
+        output = max(1, round(sum(r.output_tokens for r in records) / len(records))) if records else 1
+        for pool, entry in zip(system.pools, pools):
+            entry["cost_sources"] = pool.cost.cost_sources(prompt, output)
         out.update({
+            "cost_sources": pools[0]["cost_sources"] if pools else {},
             "scheduler": spec.scheduler,
             "framework": spec.framework,
             "model": system.model.name,
