@@ -98,11 +98,21 @@ def _bool(table: Mapping[str, Any], key: str, where: str, default: bool) -> bool
     return value
 
 
-def _float(table: Mapping[str, Any], key: str, where: str, default: float, minimum: float) -> float:
+def _float(table: Mapping[str, Any], key: str, where: str, default: float, minimum: float, maximum: float) -> float:
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ConfigError(f"[{where}] {key} = {value!r} must be a number >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
+        raise ConfigError(f"[{where}] {key} = {value!r} must be a finite number in [{minimum:g}, {maximum:g}]")
     return float(value)
+
+
+# Sizes past these are refused with the limit named (docs/configuration.md): no real run needs more,
+# and beyond them the arrays and loops of a run stop fitting in memory and time.
+MAX_GLOBAL_BATCH = 2**24
+MAX_SEQ_LEN = 10_000_000
+# The DES executes every pass of every micro-batch on every stage; past this many it takes minutes
+# (zb-h1 at 2**18 micro-batches x 8 stages: 50 s on one core), while the analytic fidelity is exact
+# for such long steady states.
+MAX_DES_PASSES = 2**19
 
 
 def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
@@ -116,6 +126,10 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     for key in ("seq_len", "global_batch"):
         if key not in training:
             raise ConfigError(f"[training] needs '{key}'")
+    for key, limit in (("seq_len", MAX_SEQ_LEN), ("global_batch", MAX_GLOBAL_BATCH), ("micro_batch", MAX_GLOBAL_BATCH)):
+        value = training.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise ConfigError(f"[training] {key} = {value} is past the limit {limit:,}")
     job = TrainingJob(
         seq_len=_int(training, "seq_len", "training"),
         global_batch=_int(training, "global_batch", "training"),
@@ -192,9 +206,9 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         plan=plan,
         attention_kernel=attention_kernel,
         dp_comm_overlap=settings["dp_comm_overlap"],
-        expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0),
+        expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0, 1000.0),
         overlap_slowdown=_float(
-            parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0
+            parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
         ),
         framework=stack.name,
         grad_reduce_dtype=grad_reduce,
