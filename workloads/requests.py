@@ -79,6 +79,10 @@ _SESSION_KEYS = ("turns", "think_time_s", "max_context_tokens")
 # so 200,000 requests take about three minutes; split longer studies into several runs.
 MAX_NUM_REQUESTS = 200_000
 MAX_TOKENS = 10_000_000  # longest request length (prompt or output), past every published context window
+# Decode is one engine step per output token and request, so a request's output length bounds the
+# steps a run takes (~30 us each): 131,072 (128 Ki, the largest output limit of served models) keeps a
+# run within seconds, where 10^6 took 30-45 s per scheduler.
+MAX_OUTPUT_TOKENS = 131_072
 MAX_ZIPF_VALUES = 1_000_000  # a zipf length keeps one probability per value of [min, max]
 MAX_LOGNORMAL_MU = 40.0  # exp(40) tokens is already 10^10 times MAX_TOKENS
 MAX_LOGNORMAL_SIGMA = 10.0
@@ -258,8 +262,10 @@ class WorkloadSpec:
             raise WorkloadError(f"workload.burstiness = {self.burstiness!r} must be a finite number in (0, 1e6]")
         if self.time_scale is not None and not self.time_scale > 0:
             raise WorkloadError(f"workload.time_scale = {self.time_scale!r} must be > 0")
-        if self.shared_prefix_tokens < 0:
-            raise WorkloadError(f"workload.shared_prefix_tokens = {self.shared_prefix_tokens} must be >= 0")
+        if not 0 <= self.shared_prefix_tokens <= MAX_TOKENS:
+            raise WorkloadError(f"workload.shared_prefix_tokens = {self.shared_prefix_tokens} must be in [0, {MAX_TOKENS:,}]")
+        if self.prefix_block_tokens > MAX_TOKENS:
+            raise WorkloadError(f"workload.prefix_block_tokens = {self.prefix_block_tokens} is past the limit {MAX_TOKENS:,}")
         if self.prefix_block_tokens < 1:
             raise WorkloadError(f"workload.prefix_block_tokens = {self.prefix_block_tokens} must be >= 1")
         if self.arrival == "trace":
@@ -295,8 +301,8 @@ def _number(table: Mapping[str, Any], key: str, where: str, *, integer: bool = F
 def parse_length(value: Any, where: str, base_dir: Path | None = None) -> LengthSpec:
     """An integer (fixed) or a distribution table -> LengthSpec; ``where`` names the field in errors."""
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise WorkloadError(f"{where} = {value} must be >= 1")
+        if not 1 <= value <= MAX_TOKENS:
+            raise WorkloadError(f"{where} = {value} must be in [1, {MAX_TOKENS:,}] tokens")
         return LengthSpec(distribution="fixed", value=value)
     if not isinstance(value, Mapping):
         raise WorkloadError(f"{where} = {value!r} must be an integer or a table with 'distribution'")
@@ -340,6 +346,16 @@ def parse_length(value: Any, where: str, base_dir: Path | None = None) -> Length
         return LengthSpec(**fields)
     except WorkloadError as exc:
         raise WorkloadError(f"{where}: {exc}") from None
+
+
+def _largest(length: LengthSpec) -> int:
+    """The longest length ``length`` is set to draw: its value, sample maximum or clip (0 for an
+    unclipped normal or lognormal, whose tail the user did not bound)."""
+    if length.distribution == "fixed":
+        return int(length.value)  # type: ignore[arg-type]
+    if length.distribution == "empirical":
+        return min(max(length.values), length.max_tokens or MAX_TOKENS)
+    return length.max_tokens or 0
 
 
 def _resolve(path: Any, base_dir: Path | None, where: str) -> Path:
@@ -395,6 +411,12 @@ def parse_workload(table: Mapping[str, Any], base_dir: Path | None = None) -> Wo
     for key in ("prompt_tokens", "output_tokens"):
         if key in table:
             fields[key] = parse_length(table[key], f"workload.{key}", base_dir)
+    output = fields.get("output_tokens")
+    if output is not None and _largest(output) > MAX_OUTPUT_TOKENS:
+        raise WorkloadError(
+            f"workload.output_tokens reaches {_largest(output):,} tokens, past the limit of {MAX_OUTPUT_TOKENS:,} "
+            "(one engine step per output token; no served model generates more)"
+        )
     if "trace" in table:
         fields["trace"] = str(_resolve(table["trace"], base_dir, "workload.trace"))
     if "sessions" in table:
