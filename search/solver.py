@@ -7,8 +7,12 @@ Models use PuLP 3's API (``problem.add_variable``, ``problem.constraints()``). E
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 from typing import Mapping
 
 import pulp
@@ -57,7 +61,7 @@ def solve(problem: pulp.LpProblem, *, solver: str | None = None, time_limit_s: f
     options: dict[str, object] = {"msg": False}
     if time_limit_s is not None:
         options["timeLimit"] = time_limit_s
-    with warnings.catch_warnings():  # PuLP 3 deprecates its bundled CBC in favour of COIN_CMD
+    with warnings.catch_warnings(), _native_stdout_silenced():  # PuLP 3 deprecates its bundled CBC
         warnings.simplefilter("ignore", DeprecationWarning)
         problem.solve(pulp.getSolver(name, **options))
     status = pulp.LpStatus[problem.status]
@@ -67,6 +71,22 @@ def solve(problem: pulp.LpProblem, *, solver: str | None = None, time_limit_s: f
     if status == "Infeasible":
         return Solution(status=status, solver=name, objective=None, values={})
     raise SolverError(f"{name} returned status '{status}' for problem '{problem.name}'")
+
+
+@contextmanager
+def _native_stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 pointed at /dev/null: highspy prints its banner from C++ on every ``Highs()``
+    PuLP constructs, whatever ``msg`` says, and stdout must stay clean for ``--format json``."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def check_constraints(problem: pulp.LpProblem, solution: Solution, tolerance: float = 1e-6) -> list[str]:

@@ -51,7 +51,8 @@ def op_time_s(
     memoized wrapper of it (``sim.training.pricing_cache.PricingCache.collective_s``)."""
     if op.kind == "gemm":
         return cost.gemm_time_s(
-            gpu, op.m, op.n, op.k, precision=precision, bytes_per_element=gemm_bytes_per_element(op), batch=op.batch
+            gpu, op.m, op.n, op.k, precision=op.precision or precision, bytes_per_element=gemm_bytes_per_element(op),
+            batch=op.batch,
         )
     if op.kind == "attention":
         if not op.sequences:

@@ -40,12 +40,13 @@ GOLDEN_ABS = 1e-9
 
 
 def training_examples() -> list[Path]:
-    """examples/*.toml that hold a [training] section, sorted by name."""
+    """examples/*.toml that hold a [training] section (and are not plan searches), sorted by name."""
     paths = []
     for path in sorted(EXAMPLES.glob("*.toml")):
         with path.open("rb") as handle:
-            if "training" in tomllib.load(handle):
-                paths.append(path)
+            config = tomllib.load(handle)
+        if "training" in config and "search" not in config:
+            paths.append(path)
     return paths
 
 

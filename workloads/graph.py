@@ -56,6 +56,7 @@ class Op:
     weight_bytes_per_element: float = 2.0
     recompute: bool = False  # re-run of a forward op inside the backward pass
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
+    precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
 
     @property
     def gemm_flops(self) -> float:
@@ -226,8 +227,13 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     k, experts = model.experts_per_token, model.experts
     ops = [gemm("router", tokens, experts, h), mem("router_topk", tokens * experts * 4.0)]
     routed = tokens * k  # token-expert pairs leaving this rank
+    # Under sequence parallelism each TP rank holds s/tp tokens and the all-to-all exchanges only that
+    # shard, the TP all-gather following it (Megatron-Core's MoEAlltoAllTokenDispatcher: all-to-all
+    # over EP, then all-gather over TP); without SP every TP rank sends the full set
+    sp = sharding.sequence_parallel and tp > 1
+    exchanged = (_div(tokens, tp) if sp else tokens) * k * h * a
     if ep > 1:
-        ops.append(coll("ep_dispatch", "all_to_all", "ep", routed * h * a))
+        ops.append(coll("ep_dispatch", "all_to_all", "ep", exchanged))
     local_experts = experts // ep
     # tokens arriving at this rank's experts: all ep ranks' pairs spread over all experts
     arriving = routed * ep * local_experts / experts
@@ -238,7 +244,7 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     ops.append(mem("experts_activation", (gate + 1) * per_expert * active_experts * f * a))
     ops.append(gemm("experts_down", per_expert, h, f, batch=active_experts))
     if ep > 1:
-        ops.append(coll("ep_combine", "all_to_all", "ep", routed * h * a))
+        ops.append(coll("ep_combine", "all_to_all", "ep", exchanged))
     if model.shared_experts:
         fs = model.shared_experts * f
         ops.append(gemm("shared_up", tokens, gate * fs, h))

@@ -12,6 +12,7 @@ DROPOUT_MASK_BYTES = 1.0  # one byte per mask element (Korthikanti 2022 §4.1)
 SOFTMAX_LSE_BYTES = 4.0  # FlashAttention saves an fp32 log-sum-exp per query and head for backward
 TOKEN_ID_BYTES = 8.0  # int64 token ids: Megatron theoretical_memory_usage.py "8 * s * b * p"
 LOGITS_BYTES = 4.0  # fp32 logits / CE inputs: Megatron theoretical_memory_usage.py 4*s*b*h*(1 + V/h)
+FP8_SAVED_INPUT_BYTES = 1.0  # a Linear input saved for backward as its fp8 cast (fp8 training)
 ROUTER_PROB_BYTES = 4.0  # fp32 router softmax per token and expert (Megatron-Core router computes in fp32)
 
 
@@ -30,6 +31,9 @@ def layer_activation_parts(
     h = model.hidden
     tokens = s * b
     a = ACTIVATION_BYTES
+    # fp8 training (Transformer Engine) saves each Linear's input for its weight gradient as the fp8
+    # cast it made (TE Linear / LayerNormLinear / LayerNormMLP save the fp8 input, not the 16-bit one)
+    g = FP8_SAVED_INPUT_BYTES if job.precision == "fp8" else a
     mask = DROPOUT_MASK_BYTES if dropout else 0.0
     # kv heads are replicated when tp exceeds them (Megatron GQA), so each rank holds at least one
     kv_heads_rank = max(model.kv_heads / t, 1.0)
@@ -37,9 +41,9 @@ def layer_activation_parts(
     # replicated across TP unless sequence parallel (the "10" of Korthikanti's TP formula)
     norms = 1 if model.parallel_block else 2
     replicated = norms * a * tokens * h  # inputs of the layer norms
-    replicated += a * tokens * h  # QKV-projection input
+    replicated += g * tokens * h  # QKV-projection input
     if not model.parallel_block:
-        replicated += a * tokens * h  # fc1 / router input (parallel blocks share the QKV input)
+        replicated += g * tokens * h  # fc1 / router input (parallel blocks share the QKV input)
     replicated += 2 * mask * tokens * h  # dropout masks after attention and after the MLP
 
     # split across TP ranks (the "24" of Korthikanti's TP formula for a 4h GeLU MLP)
@@ -57,7 +61,7 @@ def layer_activation_parts(
         q_width = model.heads * model.head_dim / t
         k_width = v_width = kv_heads_rank * model.head_dim
         out_width = q_width
-    split = a * tokens * (q_width + k_width + v_width + out_width)  # Q, K (for QK^T), V, out-proj input
+    split = a * tokens * (q_width + k_width + v_width) + g * tokens * out_width  # Q, K, V; out-proj input
 
     heads_rank = model.heads / t
     if flash_attention:
@@ -69,8 +73,9 @@ def layer_activation_parts(
         core = per_element * heads_rank * tokens * job.seq_len
 
     def mlp_width_bytes(width: float) -> float:
-        # GeLU/ReLU: activation input and output (2 + 2 bytes per element); SwiGLU: gate, up and their product
-        return (3 if model.gated_mlp else 2) * a * width
+        # GeLU/ReLU: activation input and output (2 + 2 bytes per element); SwiGLU: gate, up and their
+        # product; the activation output is the fc2 input (fp8 under fp8 training)
+        return ((2 if model.gated_mlp else 1) * a + g) * width
 
     if moe:
         k = model.experts_per_token

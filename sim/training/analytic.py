@@ -224,10 +224,14 @@ def finish_iteration(
     exposed_dp_of = []
     after_of = []
     for chunk, dp in zip(chunk_of, dp_of):
-        exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         if dp.gathers_s:
-            gather_total = 2.0 * m * sum(dp.gathers_s)
-            exposed_dp += dp.gathers_s[0] + max(0.0, gather_total - m * chunk.total_s)
+            # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and
+            # its B and reduce-scatters its gradients; the stream hides behind the stage's compute
+            # but the first gather and the last micro-batch's last bucket
+            stream = m * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
+            exposed_dp = dp.gathers_s[0] + dp.last_bucket_s + max(0.0, stream - m * chunk.total_s)
+        else:
+            exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         exposed_dp_of.append(exposed_dp)
         after_of.append(dp.optimizer_s)
     iteration = 0.0

@@ -17,7 +17,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -74,6 +74,9 @@ class TrainingSetup:
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
     main_grad_accumulation: str = "fused"
+    # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
+    # norms and activations) | "current" (an amax pass before every cast, no fused casts)
+    fp8_recipe: str = "delayed"
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -213,6 +216,7 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         framework=stack.name,
         grad_reduce_dtype=grad_reduce,
         main_grad_accumulation=settings["main_grad_accumulation"],
+        fp8_recipe=settings["fp8_recipe"],
     )
 
 

@@ -10,7 +10,7 @@ iteration in ``sim.training.iteration``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from hardware.collectives import GroupLinks, collective_time_s
@@ -143,7 +143,73 @@ def layer_passes(
     else:
         recompute = []
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
+    if job.precision == "fp8":
+        forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+# Ops whose output feeds a GEMM and into which Transformer Engine fuses the fp8 cast (+ transpose) of
+# that output under delayed scaling (LayerNormLinear / LayerNormMLP: the norm or activation kernel
+# writes fp8 and fp8^T, 2 bytes, instead of 16-bit, 2 bytes: no extra traffic); in backward the
+# activation's backward likewise emits the fp8 gradient of the GEMM before it.
+FP8_FUSED_PRODUCERS = ("input_norm", "residual_norm", "mlp_activation", "experts_activation", "shared_activation")
+# GEMMs Transformer Engine / Megatron-Core keep in 16 bits during fp8 training: the MoE router
+# (a plain linear layer) and the materialised attention score / value products.
+FP8_BF16_GEMMS = ("router", "attention_scores", "attention_values")
+# Bytes per element of a separate cast-transpose kernel: read 16 bits, write fp8 and fp8^T; current
+# scaling adds an amax pass (read 16 bits) before the cast and cannot fuse it into the producer.
+FP8_CAST_TRANSPOSE_BYTES = 2.0 + 1.0 + 1.0
+FP8_AMAX_BYTES = 2.0
+
+
+def fp8_passes(
+    setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op]
+) -> tuple[list[Op], list[Op], list[Op]]:
+    """fp8 training (Transformer Engine): each layer GEMM's 16-bit input is cast to fp8 (with the
+    transposed copy wgrad needs) and so is its output gradient before dgrad/wgrad, fused into the
+    producing norm/activation kernel where TE fuses it (delayed scaling) and a separate kernel
+    otherwise; current scaling adds an amax pass to every cast. Router and attention products stay
+    16-bit (``FP8_BF16_GEMMS``); the LM head does too (``end_ops`` builds it with 16-bit weights)."""
+    current = setup.fp8_recipe == "current"
+
+    def cast_bytes(producer: str, gradient: bool) -> float:
+        name = producer.removeprefix("recompute_")
+        if gradient and name.endswith("_backward"):
+            # backward: only an activation's backward emits the fp8 gradient (a norm's backward
+            # writes the 16-bit residual-stream gradient the next Linear casts itself)
+            name = name.removesuffix("_backward")
+            fusable = name.endswith("_activation")
+        else:
+            fusable = True
+        fused = not current and fusable and name in FP8_FUSED_PRODUCERS
+        return 0.0 if fused else FP8_CAST_TRANSPOSE_BYTES + (FP8_AMAX_BYTES if current else 0.0)
+
+    def stays_16bit(op: Op) -> bool:
+        return op.name.split("_")[0] == "router" or op.name.startswith(FP8_BF16_GEMMS)
+
+    def keep_16bit(ops: list[Op]) -> list[Op]:
+        return [replace(op, precision="bf16") if op.kind == "gemm" and stays_16bit(op) else op for op in ops]
+
+    def with_casts(ops: list[Op], gradient: bool) -> list[Op]:
+        out: list[Op] = []
+        producer = ""
+        for index, op in enumerate(ops):
+            if op.kind == "gemm" and op.weight and not stays_16bit(op) and not op.name.endswith("_wgrad"):
+                # the GEMM's 16-bit input is m x k: X in forward; dY (m x forward n) for a dgrad, whose
+                # producer is the op just before it in backward order (collectives skipped)
+                elements = op.m * op.k * op.batch
+                per_element = cast_bytes(producer, gradient)
+                if per_element:
+                    out.append(Op(name=f"{op.name}_fp8_cast", kind="memory", bytes_moved=per_element * elements,
+                                  backward_bytes_moved=0.0, recompute=op.recompute))
+            out.append(op)
+            if op.kind != "collective":
+                producer = op.name
+        return out
+
+    forward = with_casts(keep_16bit(forward), gradient=False)
+    b_ops = with_casts(keep_16bit(b_ops), gradient=True)
+    return forward, b_ops, keep_16bit(w_ops)
 
 
 def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
@@ -271,6 +337,9 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
         ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
     out = []
     for forward in ends:
+        if job.precision == "fp8":
+            # Megatron's output layer is not a Transformer Engine fp8 module: the LM head runs 16-bit
+            forward = [replace(op, precision="bf16") if op.kind == "gemm" else op for op in forward]
         b_ops, w_ops = backward_ops(forward)
         out.append((forward, b_ops, accumulate_main_grads(setup, w_ops)))
     return out
@@ -290,7 +359,7 @@ def chunk_cost(
     first: bool,
     last: bool,
     links: Mapping[str, GroupLinks],
-    layer_cache: dict[tuple[bool, bool], LayerCost],
+    layer_cache: dict[tuple[bool, bool] | str, LayerCost],
     cache: PricingCache | None = None,
     recomputed: int = 0,
 ) -> ChunkCost:
@@ -303,7 +372,12 @@ def chunk_cost(
         if key not in layer_cache:
             layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
         costs.append(layer_cache[key])
-    costs += [price_layer(setup, ops, links, cache) for ops in end_ops(setup, first=first, last=last)]
+    for end, wanted in (("embedding", first), ("lm_head", last)):  # priced once per layer cache, like the layers
+        if wanted:
+            if end not in layer_cache:
+                (ops,) = end_ops(setup, first=end == "embedding", last=end == "lm_head")
+                layer_cache[end] = price_layer(setup, ops, links, cache)
+            costs.append(layer_cache[end])
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
     for cost in costs:

@@ -198,7 +198,10 @@ def optimizer_time_for_parameters_s(
     if plan.offload == "none":
         seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
     else:
-        dram_share_Bps = node.cpu_dram_bandwidth_Bps / node.gpus_per_node
+        # CPU Adam of every GPU on the host shares its DRAM bandwidth: the GPUs actually there
+        # (fewer than the node's slots when the whole job is smaller than a node)
+        sharing = min(node.gpus_per_node, setup.cluster.num_gpus)
+        dram_share_Bps = node.cpu_dram_bandwidth_Bps / sharing
         seconds = shard * per_param / dram_share_Bps
         seconds += transfer_time_s(shard * 2.0, Tier.CPU, Tier.HBM, node, gpu)  # updated 16-bit parameters up
         if plan.offload == "nvme":

@@ -128,7 +128,9 @@ def _evaluate(setup: TrainingSetup, keys: PricingKeys, cache: PricingCache) -> d
     )
     job = setup.job
     model_flops = cache.memo(
-        "model_flops", (keys.model, job.seq_len, job.global_batch), lambda: model_flops_per_iteration(setup)
+        "model_flops",
+        (keys.model, job.seq_len, job.global_batch, job.micro_batch, setup.plan.cp, setup.attention_kernel),
+        lambda: model_flops_per_iteration(setup),
     )
     return training_metrics(
         setup, estimate, peak_memory(setup, priced, cache),

@@ -105,6 +105,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     chunk_context = cache.intern((
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
         setup.overlap_slowdown, _chunk_plan_values(plan), setup.main_grad_accumulation, setup.grad_reduce_dtype,
+        setup.fp8_recipe,
     ))
     setup_context = cache.intern(
         ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
@@ -200,7 +201,7 @@ def _chunks_of_class(
     """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
     signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
     # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
-    layer_cache: dict[tuple[bool, bool], LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
+    layer_cache: dict[tuple[bool, bool] | str, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
     costs = [
         cache.memo(
             "chunk",

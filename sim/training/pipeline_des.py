@@ -21,10 +21,11 @@ Rules (documented choices):
   ops in program order (op i of K gets buckets ``i*n//K .. (i+1)*n//K - 1``) and spread evenly over
   the op's work: bucket q of k is ready at fraction (q+1)/k of the op. The optimizer step of a stage
   starts when both its compute and its DP stream are done.
-* FSDP gathers (``param_gather[c]`` for local chunk c, each run twice): the forward gather of chunk
-  c is issued when the first F of chunk c-1 starts (chunk 0: at time 0) and the first F of chunk c
-  waits for it; the backward gather of the last chunk is issued when its first F ends, that of
-  chunk c < v-1 when the first B of chunk c+1 starts, and the first B of chunk c waits for it.
+* FSDP / ZeRO-3 (``param_gather[c]`` for local chunk c): parameters are resharded after each use,
+  so every F and every B of every micro-batch waits for its own gather of its chunk (as FSDP and
+  DeepSpeed ZeRO-3 do under gradient accumulation); prefetch issues the gather of the next op that
+  needs one when an op starts (the first at time 0). Every micro-batch's gradient op of a chunk
+  reduce-scatters the chunk's buckets (no gradient accumulation outside the shards).
 """
 
 from __future__ import annotations
@@ -195,8 +196,7 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
 
     ops: list[list[Any]] = []
     final_index: dict[int, int] = {}  # chunk -> index of the op that completes its weight gradients
-    seen_f: set[int] = set()
-    seen_b: set[int] = set()
+    grad_ops: dict[int, list[int]] = {}  # chunk -> every op completing a micro-batch's weight gradients
     i, n = 0, len(steps)
     while i < n:
         kind_name, mb, c = steps[i]
@@ -205,13 +205,8 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
             dep = 2 * (g * m + mb) if g > 0 else -1
             send = (0, fwd_link, 2 * ((g + 1) * m + mb), nbytes, (g + 1) % pp) if g < last_global else None
             op = [_KIND_F, mb, c, f_s, 0.0, dep, send, None, None, None, None]
-            if fsdp and c not in seen_f:
-                seen_f.add(c)
-                op[8] = ("f", c)
-                if c + 1 < v:
-                    op[9] = ("f", c + 1)
-                if c == v - 1:
-                    op[10] = ("b", c)
+            if fsdp:
+                op[8] = ("f", mb, c)
         elif kind_name == "B":
             fuse = not split and i + 1 < n and steps[i + 1] == ("W", mb, c)
             dep = 2 * (g * m + mb) + 1 if g < last_global else -1
@@ -222,25 +217,39 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
                 i += 1
             else:
                 op = [_KIND_B, mb, c, b_s, 1.0, dep, send, None, None, None, None]
-            if fsdp and c not in seen_b:
-                seen_b.add(c)
-                op[8] = ("b", c)
-                if c > 0:
-                    op[9] = ("b", c - 1)
+            if fsdp:
+                op[8] = ("b", mb, c)
         else:
             final_index[c] = len(ops)
             op = [_KIND_W, mb, c, w_s, 0.0, -1, None, None, None, None, None]
+        if kind_name != "F" and (kind_name == "W" or op[0] == _KIND_BW):
+            grad_ops.setdefault(c, []).append(len(ops))
         ops.append(op)
         i += 1
 
-    # Gradient buckets: split over the chunks' final gradient ops in program order, spread evenly in each.
+    # FSDP prefetch: the gather of the next op that needs parameters is issued when an op starts
+    # (the first at time 0, see run_pipeline); every F and every B gathers again (per micro-batch)
+    needing = [index for index, op in enumerate(ops) if op[8] is not None]
+    for here, after in zip(needing, needing[1:]):
+        ops[here][9] = ops[after][8]
+
+    # Gradient buckets: split over the chunks' final gradient ops in program order, spread evenly in
+    # each. Under FSDP every micro-batch's gradient op of a chunk reduce-scatters the chunk's buckets.
     buckets = stage_work.grad_sync
     finals = sorted(final_index.values())
+    chunk_of_final = {index: ops[index][2] for index in finals}
     for k, index in enumerate(finals):
         lo, hi = k * len(buckets) // len(finals), (k + 1) * len(buckets) // len(finals)
         if hi > lo:
-            ops[index][7] = tuple(((q + 1) / (hi - lo), lo + q) for q in range(hi - lo))
+            plan = tuple(((q + 1) / (hi - lo), lo + q) for q in range(hi - lo))
+            for target in grad_ops[chunk_of_final[index]] if fsdp else (index,):
+                ops[target][7] = plan
     return [tuple(op) for op in ops]
+
+
+def _gather_label(key: tuple[str, int, int]) -> str:
+    pass_name, mb, chunk = key
+    return f"param_gather {mb}.c{chunk} {'fwd' if pass_name == 'f' else 'bwd'}"
 
 
 def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
@@ -280,10 +289,11 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         stage_work = work.stages[s]
         activation = [c.activation_bytes for c in stage_work.chunks]
         gathers = stage_work.param_gather
-        gather_done: dict[tuple[str, int], float] = {}
-        if gathers:
-            g0 = gathers[0]
-            gather_done[("f", 0)] = dp_kernel(s, 0.0, g0.duration_s, "param_gather c0 fwd", g0.axis)
+        gather_done: dict[tuple[str, int, int], float] = {}
+        first = next((op[8] for op in compiled[s] if op[8] is not None), None)
+        if first is not None:
+            g0 = gathers[first[2]]
+            gather_done[first] = dp_kernel(s, 0.0, g0.duration_s, _gather_label(first), g0.axis)
         timeline = timelines[s]
         timeout = env.timeout
         held_bytes = peak = 0.0
@@ -309,9 +319,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
                     gather_waits[s] += ready - start
                     start = ready
             if g_issue is not None:
-                gw = gathers[g_issue[1]]
-                label = f"param_gather c{g_issue[1]} {'fwd' if g_issue[0] == 'f' else 'bwd'}"
-                gather_done[g_issue] = dp_kernel(s, start, gw.duration_s, label, gw.axis)
+                gw = gathers[g_issue[2]]
+                gather_done[g_issue] = dp_kernel(s, start, gw.duration_s, _gather_label(g_issue), gw.axis)
             if plan is None:
                 end = advance(start, duration)
             else:
@@ -336,9 +345,6 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
                 if held > peak_held:
                     peak_held = held
                 timeline.append((end, held_bytes))
-                if g_after is not None:
-                    gb = gathers[chunk]
-                    gather_done[g_after] = dp_kernel(s, end, gb.duration_s, f"param_gather c{chunk} bwd", gb.axis)
             elif kind != _KIND_W:
                 if b_share != 1.0:
                     b_end = start + (end - start) * b_share
@@ -410,7 +416,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
             exposed[axis] += m * chunk.exposed_comm_s.get(axis, 0.0)
     # clamp: the tail and the slowdown are differences of sums of floats (rounding can go below 0)
     tail = iteration - no_dp_end
-    exposed["dp"] = (tail if tail > 1e-12 * iteration else 0.0) + gather_waits[critical] + max(0.0, slow_extra[critical])
+    # a stage stalled on its gathers stalls its pipeline neighbours too: the longest stall is exposed
+    exposed["dp"] = (tail if tail > 1e-12 * iteration else 0.0) + max(gather_waits) + max(0.0, slow_extra[critical])
     exposed["pp"] = acc_pp_end[critical]
     return PipelineResult(
         iteration_time_s=iteration,

@@ -10,13 +10,13 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 import pandas as pd
 
-from hardware import units
+from hardware import cost, units
 from sim import costmodel
 from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.training.analytic import PipelineEstimate, analytic_iteration
 from sim.training.config import TrainingSetup, parse_training
-from sim.training.costs import group_links, layer_passes
+from sim.training.costs import attention_sequences, group_links, layer_passes
 from sim.training.iteration import IterationWork, build_iteration
 from sim.training.memory import MemoryBreakdown, memory_per_stage
 from workloads.graph import op_graph
@@ -27,10 +27,24 @@ _TOTAL_BYTES = attrgetter("total_bytes")
 
 def model_flops_per_iteration(setup: TrainingSetup) -> float:
     """Forward + backward matmul FLOPs without recompute (3 x forward), INTERFACE.md's convention:
-    Narayanan et al. 2021 Eq. 3 without the recompute pass, i.e. 72 B s L h^2 (1 + s/6h + V/12hL)
-    for GPT; GQA, SwiGLU and MoE top-k through ``ModelSpec.forward_flops_per_token``."""
-    job = setup.job
-    return 3.0 * setup.model.forward_flops_per_token(job.seq_len) * job.global_batch * job.seq_len
+    Narayanan et al. 2021 Eq. 3 without the recompute pass, 72 B s L h^2 (1 + s/6h + V/12hL) for GPT
+    with GQA, SwiGLU and MoE top-k through ``ModelSpec.matmul_parameters_per_token``; the attention
+    score and value FLOPs are the ones the time model prices (``costs.attention_sequences``): causal
+    halving and sliding windows for fused (flash) kernels, the full score matrix for the unfused
+    kernels that compute and then mask it (Eq. 3's s/6h term), so MFU <= 1 holds at any length."""
+    job, model, plan = setup.job, setup.model, setup.plan
+    tokens = job.global_batch * job.seq_len
+    matmul = 2.0 * model.matmul_parameters_per_token() * tokens
+    sequences, causal = attention_sequences(setup)
+    if model.is_mla:
+        qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    else:
+        qk = v = model.head_dim
+    if setup.attention_kernel != "flash":
+        causal = False  # the unfused kernels compute every score of each (query, key) pair, then mask
+    per_microbatch_rank = cost.attention_flops(sequences, heads=model.heads, head_dim=qk, causal=causal, v_head_dim=v)
+    attention = model.layers * per_microbatch_rank * plan.cp * (job.global_batch / job.micro_batch)
+    return 3.0 * (matmul + attention)
 
 
 def training_metrics(

@@ -206,18 +206,28 @@ def test_buckets_spread_over_the_last_backward_and_slow_compute() -> None:
     assert result.exposed_comm_s["dp"] == pytest.approx(0.5 + 0.25, rel=EXACT)  # tail + slowed compute
 
 
-def test_fsdp_gathers_before_first_forward_and_backward() -> None:
-    # gpipe, pp = 1, m = 2, gather 0.5 s: the forward gather 0..0.5 is exposed; the backward gather
-    # is issued when F0 ends (1.5) and is hidden under F1 (1.5..2.5).
+def test_fsdp_gathers_every_micro_batch_with_one_op_prefetch() -> None:
+    # gpipe, pp = 1, m = 2, F 1 s, B 2 s, gather 0.5 s: FSDP reshards after each use, so every F and B
+    # gathers; the gather of the next op is issued when an op starts. F0's gather 0..0.5 is exposed,
+    # F1's (0.5..1.0) hides under F0, B0's (1.5..2.0) under F1 and B1's (2.5..3.0) under B0.
     gather = CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=0.5)
     result = run_pipeline(pipeline("gpipe", 1, 2, chunk(), param_gather=(gather,)), trace=True)
-    assert [(e.start_s, e.end_s) for e in result.events if e.stream == "comm-dp"] == [(0.0, 0.5), (1.5, 2.0)]
+    assert [(e.start_s, e.end_s) for e in result.events if e.stream == "comm-dp"] == [
+        (0.0, 0.5), (0.5, 1.0), (1.5, 2.0), (2.5, 3.0)]
     assert result.iteration_time_s == pytest.approx(0.5 + 2 * 3.0, rel=EXACT)
     assert result.exposed_comm_s["dp"] == pytest.approx(0.5, rel=EXACT)
-    # 1f1b runs B0 right after F0, so the backward gather (1.5..2.0) is exposed as well
-    one_f_one_b = run_pipeline(pipeline("1f1b", 1, 2, chunk(), param_gather=(gather,)))
-    assert one_f_one_b.iteration_time_s == pytest.approx(0.5 + 0.5 + 2 * 3.0, rel=EXACT)
-    assert one_f_one_b.exposed_comm_s["dp"] == pytest.approx(1.0, rel=EXACT)
+    # 1f1b: F0 B0 F1 B1, each gather prefetched under the op before it: only the first is exposed
+    one_f_one_b = run_pipeline(pipeline("1f1b", 1, 2, chunk(), param_gather=(gather,)), trace=True)
+    assert [(e.start_s, e.end_s) for e in one_f_one_b.events if e.stream == "comm-dp"] == [
+        (0.0, 0.5), (0.5, 1.0), (1.5, 2.0), (3.5, 4.0)]
+    assert one_f_one_b.iteration_time_s == pytest.approx(0.5 + 2 * 3.0, rel=EXACT)
+    assert one_f_one_b.exposed_comm_s["dp"] == pytest.approx(0.5, rel=EXACT)
+    # a gather longer than the op it hides behind stalls the next op by the difference
+    slow = CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=1.5)
+    stalled = run_pipeline(pipeline("gpipe", 1, 2, chunk(), param_gather=(slow,)))
+    # g(F0) 0..1.5; F0 1.5..2.5 (g(F1) 1.5..3.0); F1 3.0..4.0 (g(B0) 3.0..4.5); B0 4.5..6.5; B1 6.5..8.5
+    assert stalled.iteration_time_s == pytest.approx(8.5, rel=EXACT)
+    assert stalled.exposed_comm_s["dp"] == pytest.approx(1.5 + 0.5 + 0.5, rel=EXACT)
 
 
 def test_tp_exposure_sums_chunk_values_on_the_critical_stage() -> None:

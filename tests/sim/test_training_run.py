@@ -47,8 +47,15 @@ def test_model_flops_follow_korthikanti() -> None:
     setup = parse_training(_config())
     m, job = setup.model, setup.job
     s, h, layers, vocab = job.seq_len, m.hidden, m.layers, m.vocab
-    expected = 72 * job.global_batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (12 * h * layers))
+    assert setup.attention_kernel == "flash"
+    # the causal kernel computes s (s + 1) / 2 scores per head: Eq. 3's s/6h attention term halved
+    expected = 72 * job.global_batch * s * layers * h**2 * (1 + vocab / (12 * h * layers))
+    expected += 6 * job.global_batch * layers * h * s * (s + 1)
     assert model_flops_per_iteration(setup) == pytest.approx(expected, rel=1e-9)  # pure arithmetic
+    # the unfused kernels compute every score and then mask: Korthikanti's count exactly
+    unfused = parse_training(_config(**{"training.attention_kernel": '"unfused"'}))
+    expected = 72 * job.global_batch * s * layers * h**2 * (1 + s / (6 * h) + vocab / (12 * h * layers))
+    assert model_flops_per_iteration(unfused) == pytest.approx(expected, rel=1e-9)
 
 
 def test_mfu_is_physical_and_hfu_counts_recompute() -> None:

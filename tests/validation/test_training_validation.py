@@ -52,3 +52,15 @@ def test_the_report_fails_when_a_threshold_is_exceeded(report: SuiteReport) -> N
 
     strict = replace(report, thresholds=tuple(replace(t, max_mape=0.0) for t in report.thresholds))
     assert strict.failures()
+
+
+def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
+    # published-training.md A9-A11 and A13 through the user path; the 7 % target is not met
+    # (24 %, every row too fast): these bounds only stop regressions, MISSING_MECHANISMS says why
+    from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
+
+    modern = run_training_modern_suite(fidelity="analytic")
+    assert len(modern.rows("iteration_time_s")) == 24
+    assert not modern.failures(), modern.failures()
+    assert {c.config["training"]["framework"] for c in modern.comparisons} == {"megatron-core", "llm-foundry"}
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.25

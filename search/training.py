@@ -1,0 +1,301 @@
+"""``llmsim search`` for training plans: enumerate, prune, screen analytically, refine the best
+with the MILPs, re-rank the top K with the DES, and report the Pareto set.
+
+1. ``search.training_space``: the space of ``[search]`` in a fixed order; prunes that need no plan
+   (cluster size not divisible; max_gpus) are counted per rule.
+2. ``search.training_screen``: every candidate validated by the simulator's rules (the message of
+   the broken rule is its prune rule), bounded from below in memory, and priced by the analytic
+   fidelity's cached path, in batches on the chosen executor.
+3. ``search.training_milp`` / ``training_refine``: (a) layers to stages for the best feasible
+   plans with pp > 1; (b) per-stage recompute for the best plans that miss memory only; every
+   answer is checked and re-priced analytically, and kept only when it is feasible.
+4. DES re-ranking of the top K; Pareto set; binding constraint; ``search.training_report``.
+Ties break on enumeration order, so results do not depend on the executor or the worker count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from functools import partial
+from typing import Any, Mapping, Sequence
+
+from hardware import units
+from search.executor import batches, map_batches
+from search.progress import progress
+from search.run import DEFAULT_TOP_K, SearchOptions
+from search.solver import SolverError
+from search.training_milp import MilpCheckFailed, MilpInfeasible, assign_layers, choose_recompute
+from search.training_refine import recompute_input, stage_assignment_input
+from search.training_report import (
+    Funnel,
+    Plan,
+    ScreenRow,
+    TrainingSearchResult,
+    objective_value,
+    pareto_set,
+)
+from search.training_screen import (
+    MEMORY_RULE,
+    SCREEN_METRICS,
+    Screened,
+    _worker,
+    price_candidate,
+    screen_batch,
+    simulate_batch,
+)
+from search.training_space import (
+    Candidate,
+    TrainingSpace,
+    build_setup,
+    candidate_config,
+    context_setup,
+    enumerate_candidates,
+    parse_space,
+)
+from sim.errors import ConfigError
+from workloads.errors import InvalidPlanError
+from workloads.plan import stage_layer_counts
+
+_TOKENS = SCREEN_METRICS.index("tokens_per_s")
+_PEAK = SCREEN_METRICS.index("peak_memory_bytes")
+MIN_BATCH, MAX_BATCH = 200, 4000  # candidates per executor batch
+
+
+def _token(config: Mapping[str, Any]) -> str:
+    """Names this search's worker state (a process keeps one search's parsed contexts and cache)."""
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _Light:
+    """A screened candidate's numbers for ranking and constraint checks (no full metrics yet)."""
+
+    __slots__ = ("index", "candidate", "metrics", "violates", "objective", "amount", "source")
+
+    def __init__(self, index: int, candidate: Candidate, metrics: tuple[Any, ...]) -> None:
+        self.index, self.candidate, self.metrics = index, candidate, metrics
+        self.source = "screened"
+        self.violates = ""
+        self.objective = 0.0
+        self.amount = 0.0  # by how much it misses the constraint it violates
+
+
+def _check(space: TrainingSpace, light: _Light) -> None:
+    context = space.contexts[light.candidate.context]
+    peak, tokens = light.metrics[_PEAK], light.metrics[_TOKENS]
+    capacity = context.capacity_bytes
+    cost = None if context.price_per_gpu_hour_usd is None else context.price_per_gpu_hour_usd * context.num_gpus
+    if peak > capacity:
+        light.violates, light.amount = "memory", peak - capacity
+    elif capacity - peak < space.min_memory_headroom * capacity:
+        light.violates, light.amount = "min_memory_headroom", space.min_memory_headroom * capacity - (capacity - peak)
+    elif space.budget_per_hour is not None and cost > space.budget_per_hour:
+        light.violates, light.amount = "budget_per_hour", cost - space.budget_per_hour
+    if space.objective == "throughput":
+        light.objective = -tokens
+    else:
+        seconds = space.train_tokens / tokens
+        light.objective = seconds if space.objective == "time_to_train" else seconds / 3600.0 * cost
+
+
+def _plan(space: TrainingSpace, token: str, index: int, candidate: Candidate, source: str,
+          metrics: dict[str, Any] | None = None) -> Plan:
+    if metrics is None:
+        metrics = price_candidate(token, space.contexts, candidate)
+    return Plan(index=index, candidate=candidate, context=space.contexts[candidate.context], source=source,
+                analytic=metrics)
+
+
+def _feasible(space: TrainingSpace, metrics: Mapping[str, Any], candidate: Candidate) -> bool:
+    light = _Light(-1, candidate, tuple(metrics[k] for k in SCREEN_METRICS))
+    _check(space, light)
+    return not light.violates
+
+
+def search_training(config: Mapping[str, Any], options: SearchOptions) -> TrainingSearchResult:
+    start = time.perf_counter()
+    space = parse_space(config)
+    top_k = options.top_k or space.top_k or DEFAULT_TOP_K
+    bases = [context_setup(c) for c in space.contexts]
+    candidates, arithmetic = enumerate_candidates(space, bases)
+    token = _token(config)
+    funnel = Funnel(enumerated=len(candidates) + sum(arithmetic.values()), pruned=dict(arithmetic))
+    size = max(MIN_BATCH, min(MAX_BATCH, -(-len(candidates) // max(1, 8 * options.workers))))
+    screen = partial(screen_batch, token, space.contexts)
+    with progress(len(candidates), "screening") as update:
+        screened_batches = map_batches(
+            screen, batches(candidates, size), workers=options.workers, dask_address=options.dask_address, on_done=update
+        )
+    outcomes: list[Screened] = [s for batch in screened_batches for s in batch]
+
+    rows = [ScreenRow(candidate=None, context=None, rule=rule, count=count) for rule, count in arithmetic.items()]
+    lights: list[_Light] = []
+    floors: list[float] = []
+    seen: set[tuple[Any, ...]] = set()  # see EQUIVALENT_RULE
+    for index, (candidate, outcome) in enumerate(zip(candidates, outcomes)):
+        context = space.contexts[candidate.context]
+        rule = outcome.rule
+        if rule is None:
+            key = (candidate._replace(schedule=""), outcome.metrics)
+            if key in seen:
+                rule = EQUIVALENT_RULE
+            seen.add(key)
+        if rule is not None:
+            funnel.pruned[rule] = funnel.pruned.get(rule, 0) + 1
+            if rule == MEMORY_RULE:
+                floors.append(outcome.floor_bytes - context.capacity_bytes)
+            rows.append(ScreenRow(candidate=candidate, context=context, rule=rule))
+            continue
+        light = _Light(index, candidate, outcome.metrics)
+        _check(space, light)
+        lights.append(light)
+        rows.append(ScreenRow(candidate=candidate, context=context, rule="", metrics=outcome.metrics,
+                              violates=light.violates))
+    funnel.screened = len(lights)
+    funnel.fits_in_memory = sum(1 for x in lights if x.violates != "memory")
+    feasible = sorted((x for x in lights if not x.violates), key=lambda x: (x.objective, x.index))
+    funnel.meets_constraints = len(feasible)
+
+    # ---- MILP refinement of the best plans ---------------------------------------------------------
+    refined = _refine(space, token, bases, feasible, lights, top_k, funnel, len(candidates))
+    pool = sorted(feasible + refined, key=lambda x: (x.objective, x.index))
+
+    # ---- DES re-ranking of the top K -------------------------------------------------------------
+    sources = {x.index: x.source for x in pool}
+    top = [_plan(space, token, x.index, x.candidate, sources[x.index]) for x in pool[:top_k]]
+    configs = [[candidate_config(p.context, p.candidate)] for p in top]
+    with progress(len(configs), "DES re-ranking") as update:
+        des = [m for batch in map_batches(simulate_batch, configs, workers=options.workers,
+                                          dask_address=options.dask_address, on_done=update) for m in batch]
+    funnel.des_reranked = len(des)
+    reranked = [Plan(index=p.index, candidate=p.candidate, context=p.context, source=p.source, analytic=p.analytic,
+                     des=m) for p, m in zip(top, des)]
+    reranked.sort(key=lambda p: (objective_value(p, space.objective, space.train_tokens), p.index))
+    ranked = [p for p in reranked if _feasible(space, p.des, p.candidate)] or reranked
+
+    # ---- Pareto set over every feasible plan (analytic) ------------------------------------------
+    light_plans = [
+        Plan(index=x.index, candidate=x.candidate, context=space.contexts[x.candidate.context], source=sources[x.index],
+             analytic=dict(zip(SCREEN_METRICS, x.metrics), fidelity="analytic"))
+        for x in pool
+    ]
+    pareto = [(_plan(space, token, p.index, p.candidate, p.source), reason) for p, reason in pareto_set(light_plans)]
+
+    binding = _binding_constraint(space, lights, floors, funnel, ranked[0] if ranked else None)
+    return TrainingSearchResult(
+        objective=space.objective, train_tokens=space.train_tokens, ranked=ranked,
+        pareto=pareto, binding_constraint=binding, funnel=funnel, rows=rows, screen_metric_names=SCREEN_METRICS,
+        wall_time_s=time.perf_counter() - start, feasible=bool(pool), contexts=space.contexts,
+    )
+
+
+# candidates that differ only in the schedule and price the same (at pp = 1 every 1F1B-family
+# schedule is the same plan): the first is ranked, the rest counted under this rule
+EQUIVALENT_RULE = "equivalent: same metrics as an earlier candidate differing only in the schedule"
+
+
+def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: list[_Light], lights: list[_Light],
+            top_k: int, funnel: Funnel, next_index: int) -> list[_Light]:
+    """(a) on the best feasible plans with pp > 1, (b) on the best plans that only miss memory;
+    returns the re-priced feasible improvements as new lights (indices after the enumeration)."""
+    out: list[_Light] = []
+    worker = _worker(token, space.contexts)
+    cache = worker.cache
+
+    def add(candidate: Candidate, parent: _Light, name: str) -> None:
+        nonlocal next_index
+        try:
+            metrics = price_candidate(token, space.contexts, candidate)
+        except InvalidPlanError:
+            return
+        light = _Light(next_index, candidate, tuple(metrics[k] for k in SCREEN_METRICS))
+        next_index += 1
+        _check(space, light)
+        if light.violates:
+            return
+        if parent.violates or light.objective < parent.objective:
+            light.source = f"milp: {name}"
+            out.append(light)
+            funnel.milp_improved[name] = funnel.milp_improved.get(name, 0) + 1
+
+    def capacity(candidate: Candidate) -> float:
+        return space.contexts[candidate.context].capacity_bytes * (1.0 - space.min_memory_headroom)
+
+    for parent in [x for x in feasible if x.candidate.pp > 1 and not x.candidate.layers_per_stage][:top_k]:
+        c = parent.candidate
+        setup = build_setup(bases[c.context], c)
+        try:
+            assignment = assign_layers(stage_assignment_input(setup, capacity(c), cache))
+        except (MilpInfeasible, MilpCheckFailed, SolverError):
+            funnel.milp_infeasible["layers_per_stage"] = funnel.milp_infeasible.get("layers_per_stage", 0) + 1
+            continue
+        funnel.milp_solved["layers_per_stage"] = funnel.milp_solved.get("layers_per_stage", 0) + 1
+        chunks = assignment.layers_per_chunk
+        if chunks == stage_layer_counts(setup.model.layers, setup.plan):
+            continue
+        split = chunks if c.virtual_stages > 1 else tuple(chunks)
+        add(c._replace(layers_per_stage=split), parent, "layers_per_stage")
+
+    best = feasible[0].objective if feasible else float("inf")
+    memory_only = [x for x in lights if x.violates in ("memory", "min_memory_headroom")
+                   and x.candidate.recompute in ("none", "selective") and x.objective < best]
+    memory_only.sort(key=lambda x: (x.objective, x.index))
+    for parent in memory_only[:top_k]:
+        c = parent.candidate
+        setup = build_setup(bases[c.context], c)
+        try:
+            choice = choose_recompute(recompute_input(setup, capacity(c), cache))
+        except (MilpInfeasible, MilpCheckFailed, SolverError):
+            funnel.milp_infeasible["recompute_layers"] = funnel.milp_infeasible.get("recompute_layers", 0) + 1
+            continue
+        funnel.milp_solved["recompute_layers"] = funnel.milp_solved.get("recompute_layers", 0) + 1
+        if any(choice.recompute_layers):
+            add(c._replace(recompute_layers=choice.recompute_layers), parent, "recompute_layers")
+    return out
+
+
+def _gib(x: float) -> str:
+    return f"{x / units.GiB:.1f} GiB"
+
+
+def _binding_constraint(space: TrainingSpace, lights: list[_Light], floors: list[float], funnel: Funnel,
+                        best: Plan | None) -> str:
+    """The constraint that keeps plans better than the best out (or, with no feasible plan, the
+    one that is missed, with the closest miss)."""
+    if best is not None:
+        target = objective_value(best, space.objective, space.train_tokens, best.analytic)
+        better = [x for x in lights if x.violates and x.objective < target]
+        if not better:
+            return (f"none: no screened plan with a better objective was excluded by a constraint "
+                    f"(the best keeps {_gib(best.headroom_bytes)} of memory headroom)")
+        counts: dict[str, int] = {}
+        for x in better:
+            counts[x.violates] = counts.get(x.violates, 0) + 1
+        name = min(counts, key=lambda k: (-counts[k], k))
+        closest = min((x for x in better if x.violates == name), key=lambda x: (x.amount, x.index))
+        return f"{name}: " + _miss(space, name, counts[name], closest, "screened plans better than the best")
+    if not lights:
+        if floors:
+            return (f"memory: every candidate's memory lower bound exceeds capacity; the smallest is "
+                    f"{_gib(min(floors))} over")
+        rule = min(funnel.pruned, key=lambda k: (-funnel.pruned[k], k)) if funnel.pruned else "empty space"
+        return f"every candidate was pruned; most by: {rule} ({funnel.pruned.get(rule, 0):,})"
+    for name in ("memory", "min_memory_headroom", "budget_per_hour"):
+        missed = [x for x in lights if x.violates == name]
+        if len(missed) == len(lights) or (missed and name != "memory"):
+            closest = min(missed, key=lambda x: (x.amount, x.index))
+            return f"{name}: " + _miss(space, name, len(missed), closest, "screened plans")
+    return "no feasible plan"
+
+
+def _miss(space: TrainingSpace, name: str, count: int, closest: _Light, what: str) -> str:
+    context = space.contexts[closest.candidate.context]
+    if name == "memory":
+        return (f"{count:,} {what} do not fit; the closest needs {_gib(closest.metrics[_PEAK])}, "
+                f"{_gib(closest.amount)} over the {_gib(context.capacity_bytes)} capacity")
+    if name == "min_memory_headroom":
+        return (f"{count:,} {what} keep less than {space.min_memory_headroom:.0%} of memory free; the closest "
+                f"misses by {_gib(closest.amount)}")
+    return (f"{count:,} {what} cost more than ${space.budget_per_hour:,.2f}/h; the closest by "
+            f"${closest.amount:,.2f}/h")

@@ -1,0 +1,108 @@
+"""The MILPs' numbers taken from the simulator itself, and their answers turned back into plans.
+
+Seconds come from ``sim.training.costs.chunk_cost`` on probe chunks (one layer, with and without
+the embedding / LM head, with and without full recompute), bytes from
+``sim.training.memory.stage_memory_class`` with each stage's in-flight micro-batches: the same
+pure functions the analytic fidelity and the DES price. Both are affine in the layer counts the
+MILPs choose; where the simulator is not exactly affine (a working set is a max over layers) the
+answer is re-priced by the analytic model before it is used.
+"""
+
+from __future__ import annotations
+
+from sim.training.activations import inflight_microbatches
+from sim.training.config import TrainingSetup
+from sim.training.costs import chunk_cost, group_links
+from sim.training.memory import memory_per_stage, stage_layer_kinds, stage_memory_class
+from sim.training.pricing_cache import PricingCache
+from search.training_milp import RecomputeInput, StageAssignmentInput
+from workloads.plan import stage_layer_counts
+
+
+def _chunk_s(setup: TrainingSetup, layer: int, *, first: bool = False, last: bool = False, recomputed: int = 0,
+             cache: PricingCache) -> float:
+    work = chunk_cost(
+        setup, layers=range(layer, layer + 1), first=first, last=last, links=group_links(setup, 0, cache),
+        layer_cache={}, cache=cache, recomputed=recomputed,
+    ).work
+    return work.forward_s + work.backward_input_s + work.backward_weight_s
+
+
+def _stage_bytes(setup: TrainingSetup, stage: int, dense: int, moe: int, recomputed: int = 0) -> float:
+    model, plan, job = setup.model, setup.plan, setup.job
+    kind = stage_memory_class(
+        model, plan, job, dense_layers=dense, moe_layers=moe, first=stage == 0, last=stage == plan.pp - 1,
+        recomputed_layers=recomputed, flash_attention=setup.attention_kernel == "flash",
+    )
+    return kind.total_bytes(inflight_microbatches(plan, setup.num_microbatches, stage))
+
+
+def stage_assignment_input(setup: TrainingSetup, capacity_bytes: float, cache: PricingCache) -> StageAssignmentInput:
+    """(a)'s numbers for ``setup``'s plan shape (its split and recompute_layers are ignored)."""
+    model, plan = setup.model, setup.plan
+    layers = model.layers
+    dense_layers = model.dense_layers if model.is_moe else layers
+    dense_probe = 0 if dense_layers else None
+    moe_probe = layers - 1 if dense_layers < layers else None
+    probe = dense_probe if dense_probe is not None else moe_probe
+    dense_s = _chunk_s(setup, dense_probe, cache=cache) if dense_probe is not None else 0.0
+    moe_s = _chunk_s(setup, moe_probe, cache=cache) if moe_probe is not None else 0.0
+    first_s = _chunk_s(setup, probe, first=True, cache=cache) - _chunk_s(setup, probe, cache=cache)
+    last_s = _chunk_s(setup, probe, last=True, cache=cache) - _chunk_s(setup, probe, cache=cache)
+    static, dense_bytes, moe_bytes = [], [], []
+    for s in range(plan.pp):
+        one_d = _stage_bytes(setup, s, 1, 0) if dense_layers else None
+        one_e = _stage_bytes(setup, s, 0, 1) if dense_layers < layers else None
+        k_d = _stage_bytes(setup, s, 2, 0) - one_d if one_d is not None else 0.0
+        k_e = _stage_bytes(setup, s, 0, 2) - one_e if one_e is not None else 0.0
+        static.append(min(x for x in (one_d - k_d if one_d is not None else None,
+                                      one_e - k_e if one_e is not None else None) if x is not None))
+        dense_bytes.append(k_d)
+        moe_bytes.append(k_e)
+    return StageAssignmentInput(
+        layers=layers, dense_layers=dense_layers, pp=plan.pp, virtual_stages=plan.virtual_stages,
+        dense_layer_s=dense_s, moe_layer_s=moe_s, first_s=first_s, last_s=last_s, static_bytes=tuple(static),
+        dense_layer_bytes=tuple(dense_bytes), moe_layer_bytes=tuple(moe_bytes), capacity_bytes=capacity_bytes,
+    )
+
+
+def recompute_input(setup: TrainingSetup, capacity_bytes: float, cache: PricingCache) -> RecomputeInput:
+    """(b)'s numbers for ``setup`` as split (its recompute_layers are ignored)."""
+    model, plan, job = setup.model, setup.plan, setup.job
+    kinds = stage_layer_kinds(model, plan)
+    counts = stage_layer_counts(model.layers, plan)
+    stage_layers = tuple(d + e for d, e in kinds)
+    exact = memory_per_stage(model, plan, job, capacity_bytes=capacity_bytes,
+                             flash_attention=setup.attention_kernel == "flash")
+    stage_s, extra_s, saved, working = [], [], [], []
+    start = 0
+    starts = []
+    for count in counts:
+        starts.append(start)
+        start += count
+    for s, (dense, moe) in enumerate(kinds):
+        chunks = range(s, len(counts), plan.pp)
+        seconds = 0.0
+        for c in chunks:
+            work = chunk_cost(
+                setup, layers=range(starts[c], starts[c] + counts[c]), first=c == 0, last=c == len(counts) - 1,
+                links=group_links(setup, s, cache), layer_cache={}, cache=cache,
+            ).work
+            seconds += work.forward_s + work.backward_input_s + work.backward_weight_s
+        stage_s.append(seconds)
+        layer = starts[s]  # the stage's first layer: the block method recomputes the first ones
+        extra_s.append(_chunk_s(setup, layer, recomputed=1, cache=cache) - _chunk_s(setup, layer, cache=cache))
+        m0 = _stage_bytes(setup, s, dense, moe, 0)
+        if stage_layers[s] >= 2:
+            m1, m2 = _stage_bytes(setup, s, dense, moe, 1), _stage_bytes(setup, s, dense, moe, 2)
+            per_layer = m1 - m2
+        else:
+            m1 = _stage_bytes(setup, s, dense, moe, 1) if stage_layers[s] else m0
+            per_layer = 0.0
+        saved.append(per_layer)
+        working.append(max(0.0, m1 - m0 + per_layer))
+    return RecomputeInput(
+        layers=stage_layers, stage_s=tuple(stage_s), stage_bytes=tuple(b.total_bytes for b in exact),
+        recompute_layer_s=tuple(extra_s), saved_bytes_per_layer=tuple(saved), working_bytes=tuple(working),
+        capacity_bytes=capacity_bytes, num_microbatches=setup.num_microbatches,
+    )

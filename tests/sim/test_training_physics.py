@@ -1,0 +1,117 @@
+"""Physics invariants and the fixes of issue 11: MFU/HFU <= 1 at any sequence length (the attention
+FLOPs counted are the ones priced), no op faster than its roofline, analytic and DES agreeing on
+FSDP / ZeRO-3 plans, CPU Adam sharing the host's DRAM only with the GPUs on it, and the expert
+all-to-all moving the sequence-parallel shard."""
+
+from __future__ import annotations
+
+import pytest
+
+from hardware.specs import Tier
+from hardware.transfer import transfer_time_s
+from sim import costmodel
+from sim.runner import RunOptions
+from sim.training.config import parse_training
+from sim.training.costs import group_links, layer_passes
+from sim.training.data_parallel import optimizer_bytes_per_parameter, optimizer_time_s, stage_parameters_per_rank
+from sim.training.run import simulate_training
+
+
+def _llama(seq_len: int, *, cp: int = 1, kernel: str = "flash", recompute: str = "full") -> dict:
+    return {
+        "model": {"name": "llama3-8b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": cp},
+        "training": {"seq_len": seq_len, "global_batch": 1, "micro_batch": 1, "precision": "bf16",
+                     "attention_kernel": kernel},
+        "parallel": {"cp": cp, "recompute": recompute},
+    }
+
+
+@pytest.mark.parametrize("cp", [1, 16])
+def test_mfu_and_hfu_stay_below_one_over_a_sequence_sweep(cp: int) -> None:
+    # the fuzzer's cases: llama3-8b up to 1M tokens on one A100 (MFU was 1.026 at 131,072), cp 16
+    for seq_len in (4096, 32768, 131072, 1048576):
+        if cp > 1 and seq_len < 32768:
+            continue
+        m = simulate_training(_llama(seq_len, cp=cp), RunOptions(fidelity="analytic")).metrics()
+        assert 0.0 < m["mfu"] <= m["hfu"] <= 1.0, (seq_len, m["mfu"], m["hfu"])
+
+
+@pytest.mark.parametrize("kernel", ["flash", "unfused"])
+def test_no_op_runs_faster_than_its_roofline(kernel: str) -> None:
+    for seq_len in (2048, 65536):
+        setup = parse_training(_llama(seq_len, kernel=kernel))
+        gpu, links = setup.cluster.gpu, group_links(setup, 0)
+        peak = gpu.peak(setup.job.precision)
+        for ops in layer_passes(setup, moe=False):
+            for op in ops:
+                seconds = costmodel.op_time_s(op, gpu, precision=setup.job.precision, links=links)
+                assert seconds >= costmodel.op_flops(op) / peak, op.name
+                if op.kind == "memory":
+                    assert seconds >= op.bytes_moved / gpu.hbm_bandwidth_Bps, op.name
+
+
+def _zero3(model: str, gpus: int, tp: int, pp: int, batch: int, seq_len: int) -> dict:
+    return {
+        "model": {"name": model},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
+        "training": {"seq_len": seq_len, "global_batch": batch, "micro_batch": 1, "precision": "bf16"},
+        "parallel": {"tp": tp, "pp": pp, "zero": 3, "sequence_parallel": tp > 1, "recompute": "full"},
+    }
+
+
+@pytest.mark.parametrize(
+    "config, tolerance",
+    [
+        (_zero3("gpt3-76.1b", 32, 8, 2, 64, 2048), 0.05),  # the review's case: 2.25-3.5x apart before
+        (_zero3("llama3-8b", 16, 1, 1, 32, 4096), 0.05),
+        (_zero3("llama3-70b", 64, 8, 1, 64, 4096), 0.05),
+    ],
+)
+def test_analytic_and_des_agree_on_zero3_plans(config: dict, tolerance: float) -> None:
+    analytic = simulate_training(config, RunOptions(fidelity="analytic")).metrics()
+    des = simulate_training(config, RunOptions(fidelity="des")).metrics()
+    assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=tolerance)
+    exposed = analytic["exposed_communication_s"]["dp"], des["exposed_communication_s"]["dp"]
+    assert exposed[1] == pytest.approx(exposed[0], rel=0.1, abs=0.05 * analytic["iteration_time_s"])
+
+
+def test_zero3_regathers_every_micro_batch() -> None:
+    # doubling the micro-batches (same micro-batch size) doubles the gathers: the exposed stream grows
+    few = simulate_training(_zero3("gpt3-76.1b", 32, 8, 2, 32, 2048), RunOptions(fidelity="analytic")).metrics()
+    many = simulate_training(_zero3("gpt3-76.1b", 32, 8, 2, 64, 2048), RunOptions(fidelity="analytic")).metrics()
+    assert many["exposed_communication_s"]["dp"] > 1.9 * few["exposed_communication_s"]["dp"] - 0.1 * few["iteration_time_s"]
+
+
+def test_cpu_adam_on_one_gpu_gets_the_whole_host_dram_bandwidth() -> None:
+    config = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
+        "training": {"seq_len": 2048, "global_batch": 1, "precision": "bf16"},
+        "parallel": {"offload": "optimizer"},
+    }
+    setup = parse_training(config)
+    node, gpu = setup.cluster.node, setup.cluster.gpu
+    params = stage_parameters_per_rank(setup, 0)
+    per_param = optimizer_bytes_per_parameter("adam", "bf16")
+    expected = params * per_param / node.cpu_dram_bandwidth_Bps + transfer_time_s(params * 2.0, Tier.CPU, Tier.HBM, node, gpu)
+    assert optimizer_time_s(setup, 0, group_links(setup, 0)) == pytest.approx(expected, rel=1e-12)
+    assert node.gpus_per_node > 1  # the old rule divided by the node's 8 slots
+
+
+def test_expert_all_to_all_moves_the_sequence_parallel_shard() -> None:
+    def dispatch_bytes(sp: bool) -> float:
+        config = {
+            "model": {"name": "mixtral-8x7b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1, "precision": "bf16"},
+            "parallel": {"tp": 2, "ep": 4, "sequence_parallel": sp},
+        }
+        setup = parse_training(config)
+        forward, _, _ = layer_passes(setup, moe=True)
+        (op,) = [o for o in forward if o.name == "ep_dispatch"]
+        return op.message_bytes
+
+    model_hidden, k = 4096, 2
+    assert dispatch_bytes(True) == 4096 // 2 * k * model_hidden * 2.0  # s/tp tokens x top-2 x h x bf16
+    assert dispatch_bytes(False) == 2 * dispatch_bytes(True)
