@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from workloads.errors import InvalidPlanError
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "bfs", "hanayo")
+SCHEDULE_FILE_PREFIX = "file:"  # schedule = "file:PATH": a schedule program from a JSON file
+ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
+V_SCHEDULES = ("zb-v", "v-half", "v-min")  # two chunks per stage in a V
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
 CP_COMM = ("ring", "all_gather")
@@ -30,7 +33,7 @@ class ParallelPlan:
     zero: int = 0  # 0 | 1 (distributed optimizer) | 2 | 3 (FSDP full shard)
     hsdp: bool = False  # with zero=3: shard inside a node, replicate across nodes
     schedule: str = "1f1b"
-    virtual_stages: int = 1  # model chunks per GPU ("interleaved")
+    virtual_stages: int = 1  # model chunks per GPU: "interleaved" / "bfs" any, V shapes 2, "hanayo" 2 per wave
     recompute: str = "none"  # of the layers not counted in ``recompute_layers``
     # layers of each stage fully recomputed (Megatron --recompute-method block --recompute-num-layers),
     # one entry per stage; empty = none. The stage's other layers follow ``recompute``.
@@ -47,18 +50,26 @@ class ParallelPlan:
                 raise InvalidPlanError(f"parallel.{axis} = {value!r} must be a positive integer")
         if self.zero not in (0, 1, 2, 3):
             raise InvalidPlanError(f"parallel.zero = {self.zero!r} must be 0, 1, 2 or 3")
+        if self.schedule not in SCHEDULES and not self.schedule.startswith(SCHEDULE_FILE_PREFIX):
+            raise InvalidPlanError(
+                f"parallel.schedule = '{self.schedule}' must be one of {', '.join(SCHEDULES)} or 'file:PATH'"
+            )
         for name, value, allowed in (
-            ("schedule", self.schedule, SCHEDULES),
             ("recompute", self.recompute, RECOMPUTE),
             ("offload", self.offload, OFFLOAD),
             ("cp_comm", self.cp_comm, CP_COMM),
         ):
             if value not in allowed:
                 raise InvalidPlanError(f"parallel.{name} = '{value}' must be one of {', '.join(allowed)}")
-        if self.virtual_stages > 1 and self.schedule != "interleaved":
+        if self.virtual_stages > 1 and self.schedule in ONE_CHUNK_SCHEDULES:
             raise InvalidPlanError(
-                f"parallel.virtual_stages = {self.virtual_stages} needs schedule 'interleaved', not '{self.schedule}'"
+                f"parallel.virtual_stages = {self.virtual_stages} needs schedule 'interleaved' (or bfs, hanayo, "
+                f"a V shape), not '{self.schedule}'"
             )
+        if self.schedule in V_SCHEDULES and self.virtual_stages != 2:
+            raise InvalidPlanError(f"schedule '{self.schedule}' runs 2 chunks per stage (a V), not {self.virtual_stages}")
+        if self.schedule == "hanayo" and self.virtual_stages % 2:
+            raise InvalidPlanError(f"schedule 'hanayo' runs 2 chunks per stage per wave, not {self.virtual_stages}")
         if self.recompute_layers:
             if len(self.recompute_layers) != self.pp:
                 raise InvalidPlanError(
@@ -114,12 +125,14 @@ class TrainingJob:
         return self.global_batch // (dp * self.micro_batch)
 
 
-def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
+def stage_layer_counts(
+    num_layers: int, plan: ParallelPlan, placement: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
     """Transformer layers per model chunk, in pipeline order (pp * virtual_stages chunks).
 
-    Chunk c runs on stage c % pp (interleaved placement). Uses ``plan.layers_per_stage`` when
-    given (one entry per stage, or one per chunk), else splits as evenly as possible with the larger
-    chunks first.
+    ``placement``: the stage of every chunk (default: chunk c on stage c % pp, the interleaved
+    placement). Uses ``plan.layers_per_stage`` when given (one entry per stage, or one per chunk),
+    else splits as evenly as possible with the larger chunks first.
     """
     chunks = plan.pp * plan.virtual_stages
     if plan.layers_per_stage:
@@ -129,8 +142,11 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
             per_chunk = [0] * chunks
             for stage, layers in enumerate(counts):
                 base, extra = divmod(layers, plan.virtual_stages)
-                for v in range(plan.virtual_stages):
-                    per_chunk[v * plan.pp + stage] = base + (1 if v < extra else 0)
+                mine = [c for c in range(chunks) if placement[c] == stage] if placement else [
+                    v * plan.pp + stage for v in range(plan.virtual_stages)
+                ]
+                for v, c in enumerate(mine):
+                    per_chunk[c] = base + (1 if v < extra else 0)
             counts = tuple(per_chunk)
         if len(counts) != chunks:
             raise InvalidPlanError(
@@ -148,17 +164,20 @@ def stage_layer_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
     return (base + 1,) * extra + (base,) * (chunks - extra)  # the first ``extra`` chunks get one more
 
 
-def chunk_recompute_counts(num_layers: int, plan: ParallelPlan) -> tuple[int, ...]:
+def chunk_recompute_counts(
+    num_layers: int, plan: ParallelPlan, placement: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
     """Fully recomputed layers of every model chunk (pp * virtual_stages chunks, in pipeline order):
     stage s's ``recompute_layers[s]`` spread over its chunks one layer at a time, chunk by chunk, never
     more than a chunk holds; each chunk recomputes its first layers (Megatron's block method).
-    Raises InvalidPlanError when a stage would recompute more layers than it holds."""
-    counts = stage_layer_counts(num_layers, plan)
+    Raises InvalidPlanError when a stage would recompute more layers than it holds. ``placement``:
+    the stage of every chunk (default c % pp), as ``stage_layer_counts``."""
+    counts = stage_layer_counts(num_layers, plan, placement)
     if not plan.recompute_layers:
         return (0,) * len(counts)
     out = [0] * len(counts)
     for stage, wanted in enumerate(plan.recompute_layers):
-        chunks = list(range(stage, len(counts), plan.pp))
+        chunks = [c for c in range(len(counts)) if (placement[c] if placement else c % plan.pp) == stage]
         held = sum(counts[c] for c in chunks)
         if wanted > held:
             raise InvalidPlanError(

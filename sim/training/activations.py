@@ -4,6 +4,7 @@ GQA, SwiGLU, MoE, FlashAttention, sequence and context parallelism and recomputa
 
 from __future__ import annotations
 
+from sim.training.schedules import plan_profile
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob
 
@@ -126,25 +127,20 @@ def stored_activation_bytes(parts: tuple[float, float, float], recompute: str) -
 
 
 def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int) -> float:
-    """Micro-batches whose activations a stage holds at its peak, in units of the whole stage's layers.
+    """Micro-batches whose activations a stage holds at its peak, in units of the whole stage's layers:
+    the peak (micro-batch, chunk) activations held when the schedule's program runs
+    (``sim.training.schedules.program_profile``), divided by the chunks per stage.
 
-    gpipe: all m. 1f1b and zb-h1 (same peak as 1F1B, Qi et al. 2023 "Zero Bubble Pipeline
-    Parallelism" ZB-H1): min(pp - stage, m). interleaved with v chunks: Megatron's warm-up of
-    (pp - stage - 1) * 2 + (v - 1) * pp chunk-forwards plus one, capped at m * v, divided by v; on
-    stage 0 this is pp * (1 + (pp - 1)/(pp v)), Narayanan et al. 2021's interleave penalty.
+    Counted this way gpipe holds all m; 1f1b and zb-h1 min(pp - stage, m) (Narayanan et al. 2021;
+    Qi et al. 2023 ZB-H1 keeps 1F1B's peak); interleaved with v chunks Megatron's warm-up of
+    (pp - stage - 1) * 2 + (v - 1) * pp chunk-forwards plus one, capped at m * v, divided by v (on
+    stage 0 pp * (1 + (pp - 1)/(pp v)), Narayanan et al. 2021's interleave penalty).
     """
     if not 0 <= stage < plan.pp:
         raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches = {num_microbatches} must be >= 1")
-    m = num_microbatches
-    if plan.schedule == "gpipe":
-        return float(m)
-    v = plan.virtual_stages
-    if plan.schedule == "interleaved" and v > 1:
-        chunk_forwards = (plan.pp - stage - 1) * 2 + (v - 1) * plan.pp + 1
-        return min(chunk_forwards, m * v) / v
-    return float(min(plan.pp - stage, m))
+    return plan_profile(plan, num_microbatches).inflight_stages(stage)
 
 
 # ---- parameters ----------------------------------------------------------------------------------

@@ -1,10 +1,14 @@
 """Closed-form iteration time of a ``PipelineWork`` (the analytic fidelity).
 
-Exact for uniform stages without overlap, where it must agree with the DES to 1 %:
-GPipe and 1F1B take (m + p - 1)(F + B + W) (Narayanan et al. 2021; Huang et al. 2019), interleaved
-1F1B with v chunks m (F + B + W) + (p - 1)(F + B + W)/v, ZB-H1 m (F + B + W) + (p - 1)(F + B - W)
-(Qi et al. 2024). Non-uniform stages use the slowest stage for the steady state and the sum over
-stages for fill and drain; each boundary crossing in fill and drain adds a p2p transfer.
+The pipeline phase comes from the schedule's program (``sim.training.schedules.program_profile``,
+executed once per (schedule, p, m, v) and cached): the longest of its critical paths on uniform
+stages, as op counts, priced with the stages' F, B and W (``_program_time``). Exact for uniform
+stages without overlap, where it must agree with the DES to 1 %: GPipe and 1F1B take
+(m + p - 1)(F + B + W) (Narayanan et al. 2021; Huang et al. 2019), interleaved 1F1B with v chunks
+m (F + B + W) + (p - 1)(F + B + W)/v, ZB-H1 m (F + B + W) + (p - 1)(F + B - W) (Qi et al. 2024).
+Non-uniform stages use the slowest stage for the steady state (and, with one chunk per stage and a
+fused backward, the sum over stages for fill and drain); each chunk boundary crossing in fill and
+drain adds a p2p transfer.
 
 Stages come in few classes (with an even split all middle stages are alike), so the formula reads
 per-class terms (``StageTimes``, computed once per class) through a stage -> class map; the sums
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
+from sim.training.schedules import ProgramProfile, amortises_gathers, program_profile
 from sim.training.work import ChunkWork, CommWork, PipelineWork
 
 
@@ -152,6 +157,7 @@ class PipelinePhase(NamedTuple):
     # stages have drained theirs (pipeline time - the backward of the earlier stages, summed in stage order)
     exposed_comm_s: dict[str, float]  # tp, cp, ep (any chunk axis) of the critical stage, and pp; shared,
     # so never modified (finish_iteration copies it)
+    gather_rounds: int = 1  # times each chunk's ZeRO-3 parameters are gathered per pass (``pipeline_phase``)
 
 
 def pipeline_phase(
@@ -170,26 +176,20 @@ def pipeline_phase(
     class_totals = [c.total_s for c in chunk_of]
     totals = [class_totals[k] for k in stage_class]
     slowest = max(class_totals[k] for k in set(stage_class))
-    # fill and drain cross each of the p - 1 boundaries once forward (activations) and once backward
+    profile = program_profile(schedule, p, m, v)
+    # every model-order chunk boundary between stages is crossed once by the fill (activations)
+    # and once by the drain (gradients); the message is the boundary stage's last chunk's
     p2p = 0.0
     if p > 1:
         infinite = float("inf")
+        seconds_of = []
         for boundary in range(p - 1):
             bandwidth = p2p_bandwidth_Bps[boundary]
             seconds = 0.0 if bandwidth == infinite else chunk_of[stage_class[boundary]].send_bytes / bandwidth + p2p_latency_s[boundary]
-            p2p += 2.0 * seconds
-    if schedule in ("gpipe", "1f1b"):
-        pipeline = (m - 1) * slowest + sum(totals) + p2p
-    elif schedule == "interleaved":
-        pipeline = m * slowest + (p - 1) * slowest / v + p2p * v
-    elif schedule == "zb-h1":
-        used = [chunk_of[k] for k in set(stage_class)]
-        f = max(t.forward_s for t in used)
-        b = max(t.backward_input_s for t in used)
-        w = max(t.backward_weight_s for t in used)
-        pipeline = m * slowest + (p - 1) * max(f + b - w, 0.0) + p2p
-    else:
-        raise ValueError(f"unknown schedule '{schedule}'")
+            seconds_of.append(2.0 * seconds)
+        for boundary in profile.p2p_boundaries:
+            p2p += seconds_of[boundary]
+    pipeline = _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v) + p2p
     busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
     critical = totals.index(max(totals))
@@ -204,7 +204,51 @@ def pipeline_phase(
     for k in stage_class:
         last_backward_end.append(pipeline - drain_after)
         drain_after += chunk_of[k].backward_s
-    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed)
+    # ZeRO-3 gathers: FSDP re-gathers a chunk's parameters for every micro-batch that visits it
+    # (parameters are freed after each forward and backward), except in a breadth-first loop, where
+    # all micro-batches run a chunk back to back and one gather per pass serves them all
+    # (Lamy-Poirier 2022, arXiv 2211.05953)
+    rounds = 1 if amortises_gathers(schedule) else m
+    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds)
+
+
+def _program_time(
+    profile: ProgramProfile,
+    chunk_of: Sequence[ChunkTimes],
+    stage_class: Sequence[int],
+    totals: Sequence[float],
+    slowest: float,
+    m: int,
+    p: int,
+    v: int,
+) -> float:
+    """The pipeline phase without p2p: the longest of the program's critical paths on uniform
+    stages (``ProgramProfile.critical_paths``, op counts per chunk), priced at the slowest stage.
+
+    A path of equal F, B and W counts k (the fused 1F1B family, gpipe, interleaved, bfs) costs
+    k x the slowest stage's chunk total; with one chunk per stage its k - m fill and drain ops are
+    one per other stage, each at that stage's own speed ((k - p) x slowest + the sum over stages, the
+    classic (m - 1) t_slowest + sum t_s of 1F1B, Narayanan et al. 2021). Otherwise (split backward,
+    waves) F, B and W are priced separately at the slowest stage's value for each pass, and each
+    stage s finishes at m t_s + the idle time the program leaves it on uniform stages at those
+    prices (``ProgramProfile.stage_paths``; ZB-H1: m (F + B + W) + (p - 1)(F + B - W), Qi et al. 2024)."""
+    paths = profile.critical_paths
+    if all(f == b == w for f, b, w in paths):
+        k = max(f for f, _, _ in paths)
+        if v == 1:
+            return (k - p) * slowest + sum(totals)
+        return k * slowest / v
+    used = [chunk_of[k] for k in set(stage_class)]
+    f = max(t.forward_s for t in used) / v
+    b = max(t.backward_input_s for t in used) / v
+    w = max(t.backward_weight_s for t in used) / v
+    # each stage finishes after its own m micro-batches plus the idle time its program leaves it on
+    # uniform stages at those prices (exact on uniform stages; the slack of faster stages is not used)
+    uniform = m * v * (f + b + w)
+    return max(
+        m * total + max(nf * f + nb * b + nw * w for nf, nb, nw in ends) - uniform
+        for total, ends in zip(totals, profile.stage_paths)
+    )
 
 
 def finish_iteration(
@@ -226,9 +270,9 @@ def finish_iteration(
     for chunk, dp in zip(chunk_of, dp_of):
         if dp.gathers_s:
             # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and
-            # its B and reduce-scatters its gradients; the stream hides behind the stage's compute
-            # but the first gather and the last micro-batch's last bucket
-            stream = m * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
+            # its B and reduce-scatters its gradients (once per loop under bfs: ``gather_rounds``);
+            # the stream hides behind the stage's compute but the first gather and the last bucket
+            stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
             exposed_dp = dp.gathers_s[0] + dp.last_bucket_s + max(0.0, stream - m * chunk.total_s)
         else:
             exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0

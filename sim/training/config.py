@@ -4,6 +4,7 @@ and the values."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping
 
 from hardware.topology import Cluster
@@ -11,6 +12,7 @@ from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, sect
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.stacks import resolve_settings
+from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, stage_layer_counts
@@ -118,8 +120,33 @@ MAX_SEQ_LEN = 10_000_000
 MAX_DES_PASSES = 2**19
 
 
-def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
-    """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule."""
+def parse_schedule(parallel: Mapping[str, Any], base_dir: Path | None) -> tuple[str, int]:
+    """(schedule, chunks per stage) of a ``[parallel]`` table: a ``file:PATH`` schedule resolved
+    against ``base_dir`` (the config file's folder), ``virtual_stages`` turned into chunks per stage
+    (V shapes 2; hanayo 2 per wave, ``virtual_stages`` = waves; a file what its program holds)."""
+    schedule = parallel.get("schedule", "1f1b")
+    if not isinstance(schedule, str):
+        raise ConfigError(f"[parallel] schedule = {schedule!r} must be a string")
+    virtual = _int(parallel, "virtual_stages", "parallel", 1)
+    if virtual < 1:
+        raise InvalidPlanError(f"parallel.virtual_stages = {virtual} must be >= 1")
+    if schedule.startswith(FILE_PREFIX):
+        path = Path(schedule[len(FILE_PREFIX):])
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise ConfigError(f"[parallel] schedule = {schedule!r}: no such file {path}")
+        schedule = FILE_PREFIX + str(path.resolve())
+    elif schedule in V_SHAPES and virtual not in (1, 2):
+        raise InvalidPlanError(f"parallel.virtual_stages = {virtual}: schedule '{schedule}' always runs 2 chunks per stage")
+    elif schedule not in SCHEDULES:
+        return schedule, virtual  # ParallelPlan names the rule
+    return schedule, chunks_per_stage(schedule, virtual)
+
+
+def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> TrainingSetup:
+    """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule.
+    ``base_dir``: the config file's folder (a ``file:`` schedule resolves against it)."""
     training = section(config, "training")
     seq_len = training.get("seq_len")
     model = resolve_model(config, default_max_seq_len=seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None)
@@ -177,6 +204,7 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
         raise ConfigError(f"[parallel] layers_per_stage = {layers!r} must be a list of integers")
+    schedule, chunks = parse_schedule(parallel, base_dir)
     plan = ParallelPlan(
         recompute_layers=_recompute_layers(parallel, pp),
         tp=tp,
@@ -187,8 +215,8 @@ def parse_training(config: Mapping[str, Any]) -> TrainingSetup:
         sequence_parallel=_bool(parallel, "sequence_parallel", "parallel", False),
         zero=_int(parallel, "zero", "parallel", 0),
         hsdp=_bool(parallel, "hsdp", "parallel", False),
-        schedule=str(parallel.get("schedule", "1f1b")),
-        virtual_stages=_int(parallel, "virtual_stages", "parallel", 1),
+        schedule=schedule,
+        virtual_stages=chunks,
         recompute=str(parallel.get("recompute", "none")),
         layers_per_stage=tuple(layers),
         # the stack's default applies where it can (sequence parallel, tp > 1); with tp = 1 there is
@@ -253,8 +281,9 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
     for label, width in widths:
         if width % plan.tp:
             raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of model {model.name}")
-    stage_layer_counts(model.layers, plan)
-    chunk_recompute_counts(model.layers, plan)
+    place = plan_placement(plan)
+    stage_layer_counts(model.layers, plan, place)
+    chunk_recompute_counts(model.layers, plan, place)
     if plan.ep > 1:
         if not model.is_moe:
             raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
@@ -269,6 +298,7 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
         raise InvalidPlanError(
             f"schedule 'interleaved' needs the {num_microbatches} micro-batches to be a multiple of pp {plan.pp}"
         )
+    schedule_program(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # the program is valid
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
     if job.seq_len > model.max_seq_len and model.position == "learned":

@@ -13,7 +13,8 @@ from sim.training.config import TrainingSetup
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import CommWork
 from workloads.graph import Op
-from workloads.plan import chunk_recompute_counts, stage_layer_counts
+from sim.training.schedules import plan_layer_counts, plan_placement
+from workloads.plan import chunk_recompute_counts
 
 # Enum members looked up once (attribute access on an Enum class is slow in a search loop)
 _ALL_REDUCE, _REDUCE_SCATTER = Collective.ALL_REDUCE, Collective.REDUCE_SCATTER
@@ -55,15 +56,16 @@ def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], 
     layers only through how many are dense and how many MoE (dense layers come first) and on whether
     it holds the embedding / LM head, and on how many of its first layers it recomputes in full."""
     model, plan = setup.model, setup.plan
-    counts = stage_layer_counts(model.layers, plan)
-    recomputed = chunk_recompute_counts(model.layers, plan)
+    counts = plan_layer_counts(model.layers, plan)
+    place = plan_placement(plan)
+    recomputed = chunk_recompute_counts(model.layers, plan, place)
     dense_layers = model.dense_layers if model.is_moe else model.layers
     last_chunk = len(counts) - 1
     signatures: list[list[ChunkSignature]] = [[] for _ in range(plan.pp)]
     start = 0
     for chunk, count in enumerate(counts):
         dense = min(max(dense_layers - start, 0), count)
-        signatures[chunk % plan.pp].append((dense, count, chunk == 0, chunk == last_chunk, recomputed[chunk]))
+        signatures[place[chunk]].append((dense, count, chunk == 0, chunk == last_chunk, recomputed[chunk]))
         start += count
     return tuple(tuple(stage) for stage in signatures)
 

@@ -29,6 +29,7 @@ from sim.training.memory import (
     stage_memory_terms,
 )
 from sim.training.pricing_cache import PricingCache
+from sim.training.schedules import plan_profile
 from sim.training.run import model_flops_per_iteration, training_metrics
 from workloads.plan import ParallelPlan
 
@@ -37,8 +38,8 @@ from workloads.plan import ParallelPlan
 _NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage", "recompute_layers")
 _MEMORY_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_MEMORY_FIELDS)
 _memory_plan_values = attrgetter(*_MEMORY_PLAN_FIELDS)  # plan -> tuple of those fields' values
-# ... and its ``stage_memory_terms`` not on sharding, ZeRO, offload or the schedule either (gpipe
-# enters through the live logits count, in the key)
+# ... and its ``stage_memory_terms`` not on sharding, ZeRO, offload or the schedule either (the
+# schedule enters through the live logits count, in the key)
 _NOT_TERMS_FIELDS = _NOT_MEMORY_FIELDS + ("dp", "zero", "hsdp", "offload", "schedule")
 _TERMS_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_TERMS_FIELDS)
 _terms_plan_values = attrgetter(*_TERMS_PLAN_FIELDS)
@@ -58,7 +59,7 @@ def _memory_classes(
     flash = setup.attention_kernel == "flash"
     terms_key = (
         priced.keys.model, job_values(job), flash, plan.pp > 1,
-        priced.num_microbatches if plan.schedule == "gpipe" else 1, _terms_plan_values(plan), kinds,
+        plan_profile(plan, priced.num_microbatches).last_chunk_inflight, _terms_plan_values(plan), kinds,
     )
     terms = cache.memo(
         "memory_terms",

@@ -23,7 +23,8 @@ from sim.training.data_parallel import (
 from sim.training.memory import memory_per_stage, stage_memory_classes
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import PipelineWork, StageWork
-from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+from sim.training.schedules import placement_kind, plan_layer_counts, plan_placement
+from workloads.plan import ParallelPlan, TrainingJob
 
 _DURATION = attrgetter("duration_s")
 
@@ -153,14 +154,16 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     cluster_id = keys.cluster if keys is not None else cache.cluster_id(setup.cluster)
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
-        plan.pp, plan.virtual_stages, plan.layers_per_stage, plan.recompute_layers, plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
+        plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.layers_per_stage, plan.recompute_layers,
+        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 
 
 def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageLayout:
     plan = setup.plan
-    counts = stage_layer_counts(setup.model.layers, plan)
+    counts = plan_layer_counts(setup.model.layers, plan)
+    place = plan_placement(plan)
     starts = [sum(counts[:c]) for c in range(len(counts))]
     num_chunks = len(counts)
     classes: dict[tuple[Any, ...], int] = {}
@@ -175,7 +178,8 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
             links_keys.append(links_key)
             chunk_ranges.append(tuple(
                 (range(starts[chunk], starts[chunk] + counts[chunk]), chunk == 0, chunk == num_chunks - 1)
-                for chunk in range(stage, num_chunks, plan.pp)
+                for chunk in range(num_chunks)
+                if place[chunk] == stage
             ))
         stage_class.append(index)
     memory_kinds, memory_class = stage_memory_classes(setup.model, plan)

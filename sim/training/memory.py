@@ -34,7 +34,8 @@ from sim.training.activations import (
     stored_activation_bytes,
 )
 from workloads.model import ModelSpec
-from workloads.plan import ParallelPlan, TrainingJob, stage_layer_counts
+from sim.training.schedules import plan_layer_counts, plan_placement, plan_profile
+from workloads.plan import ParallelPlan, TrainingJob
 
 # ---- byte sizes and fixed reserves: the one place for memory constants --------------------------
 WEIGHT_BYTES = 2.0  # bf16/fp16 model weights
@@ -126,14 +127,16 @@ def stage_recompute_counts(model: ModelSpec, plan: ParallelPlan) -> tuple[int, .
 
 
 def stage_layer_kinds(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[int, int], ...]:
-    """(dense, MoE) transformer layers of every stage; chunk c runs on stage c % pp, and the first
+    """(dense, MoE) transformer layers of every stage; chunk c runs on stage ``plan_placement(plan)[c]``
+    (c % pp for looping schedules), and the first
     ``model.dense_layers`` layers of an MoE model are dense."""
-    counts = stage_layer_counts(model.layers, plan)
+    counts = plan_layer_counts(model.layers, plan)
+    place = plan_placement(plan)
     dense = [0] * plan.pp
     moe = [0] * plan.pp
     start = 0
     for chunk, count in enumerate(counts):
-        stage = chunk % plan.pp
+        stage = place[chunk]
         in_moe = max(0, start + count - max(start, model.dense_layers)) if model.is_moe else 0
         moe[stage] += in_moe
         dense[stage] += count - in_moe
@@ -285,10 +288,11 @@ def stage_memory_terms(
         recompute_working = max(recompute_working, parts[0] - parts[2])
 
     # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
-    # held for every micro-batch under gpipe, for one under the 1F1B family
+    # held for as many micro-batches as the schedule program keeps in flight on the last chunk (every
+    # micro-batch under gpipe and bfs, one under the 1F1B family)
     logits = 0.0
     if last:
-        live = job.num_microbatches(plan.dp) if plan.schedule == "gpipe" else 1
+        live = plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight
         logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
     return StageMemoryTerms(
         dense, expert, matmul, largest_layer, stored_per_microbatch, tokens if first else 0.0, first_bytes_per_token,
@@ -393,9 +397,10 @@ def stage_memory(
     if not 0 <= stage < plan.pp:
         raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
     dense_layers, moe_layers = stage_layer_kinds(model, plan)[stage]
+    place = plan_placement(plan)
     kind = stage_memory_class(
-        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=stage == 0,
-        last=stage == plan.pp - 1, recomputed_layers=stage_recompute_counts(model, plan)[stage],
+        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=stage == place[0],
+        last=stage == place[-1], recomputed_layers=stage_recompute_counts(model, plan)[stage],
         flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
     )
     inflight = inflight_microbatches(plan, job.num_microbatches(plan.dp), stage)
@@ -411,10 +416,11 @@ def stage_memory_classes(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[Me
     in-flight micro-batches."""
     keys: dict[MemoryKind, int] = {}
     stage_class = []
-    last_stage = plan.pp - 1
+    place = plan_placement(plan)
+    first_stage, last_stage = place[0], place[-1]
     recomputed = stage_recompute_counts(model, plan)
     for stage, (dense, moe) in enumerate(stage_layer_kinds(model, plan)):
-        key = (dense, moe, stage == 0, stage == last_stage, recomputed[stage])
+        key = (dense, moe, stage == first_stage, stage == last_stage, recomputed[stage])
         stage_class.append(keys.setdefault(key, len(keys)))
     return tuple(keys), tuple(stage_class)
 

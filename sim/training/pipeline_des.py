@@ -1,9 +1,9 @@
 """SimPy executor of one training iteration of one data-parallel replica, one simulated rank per stage.
 
-Each pipeline stage runs its program (``sim.training.schedules.stage_program``) as a SimPy process,
-one timeout per op: an op starts when the stage is free and its input has arrived (F of global chunk
-g needs F of chunk g-1, B needs the gradient of chunk g+1), plus FSDP parameter gathers where the
-plan shards parameters. Everything else a stage does is a FIFO server fed only by that stage's own
+Each pipeline stage runs its part of the schedule's program (``sim.training.schedules.schedule_program``)
+as it is, as a SimPy process, one timeout per op: an op starts when the stage is free and its input
+has arrived (F of global chunk g needs F of chunk g-1, B needs the gradient of chunk g+1, wherever
+the program's placement puts them), plus FSDP parameter gathers where the plan shards parameters. Everything else a stage does is a FIFO server fed only by that stage's own
 compute stream, in time order, so its queue is computed in closed form at enqueue time: this is
 exactly what a ``simpy.Resource(capacity=1)`` would produce, at one event per message instead of a
 process with request, timeout and release events (the 1T benchmark runs ~10^5 ops):
@@ -25,7 +25,9 @@ Rules (documented choices):
   so every F and every B of every micro-batch waits for its own gather of its chunk (as FSDP and
   DeepSpeed ZeRO-3 do under gradient accumulation); prefetch issues the gather of the next op that
   needs one when an op starts (the first at time 0). Every micro-batch's gradient op of a chunk
-  reduce-scatters the chunk's buckets (no gradient accumulation outside the shards).
+  reduce-scatters the chunk's buckets (no gradient accumulation outside the shards). A breadth-first
+  loop (``bfs``) gathers once per run of one chunk and pass and reduce-scatters once per chunk
+  (Lamy-Poirier 2022, arXiv 2211.05953).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any, NamedTuple
 
 import simpy
 
-from sim.training.schedules import Step, splits_backward, stage_steps
+from sim.training.schedules import Program, amortises_gathers, schedule_program
 from sim.training.work import PipelineWork
 
 _AXES_IN_CHUNKS = ("tp", "cp", "ep")
@@ -161,7 +163,20 @@ _KIND_F, _KIND_B, _KIND_W, _KIND_BW = 0, 1, 2, 3
 _NAMES = {_KIND_F: "F", _KIND_B: "B", _KIND_W: "W", _KIND_BW: "B"}
 
 
-def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[Any, ...]]:
+def _route(src: int, dst: int, pp: int, forward: bool) -> tuple[int, int]:
+    """(direction, link) of a message from stage ``src`` to ``dst``, or (-1, -1) when local. Link i
+    joins stage i and (i + 1) % pp; direction 0 runs i -> i + 1, 1 runs i + 1 -> i. Activations take
+    direction 0 when the next stage is ``src + 1`` (mod pp), gradients direction 1 when it is
+    ``src - 1``: the interleaved wrap-around and the way back of a V share the same channels."""
+    if src == dst:
+        return -1, -1
+    up, down = dst == (src + 1) % pp, dst == (src - 1) % pp
+    if up and (forward or not down):
+        return 0, src
+    return 1, dst
+
+
+def _compile_stage(work: PipelineWork, s: int, program: Program) -> list[tuple[Any, ...]]:
     """Turn a stage program into executable records: durations, dependency slots, sends, buckets.
 
     Dependency slots: F-input of (global chunk g, micro-batch i) is slot 2 (g m + i), B-input 2 (g m + i) + 1.
@@ -172,13 +187,14 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
     pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
     last_global = pp * v - 1
     stage_work = work.stages[s]
-    split = splits_backward(work.schedule)
+    split = program.split_backward
+    steps = program.steps[s]
+    place = program.placement
     fsdp = bool(stage_work.param_gather)
 
-    # Per chunk constants: (g, F work, B work, B+W work, B share of B+W, W work, bytes, fwd link, bwd link)
+    # Per chunk constants: (g, F work, B work, B+W work, B share of B+W, W work, bytes, fwd route, bwd route)
     consts = []
-    for c, cw in enumerate(stage_work.chunks):
-        g = c * pp + s
+    for c, (cw, g) in enumerate(zip(stage_work.chunks, program.stage_chunks(s))):
         fused = cw.backward_input_s + cw.backward_weight_s
         consts.append(
             (
@@ -189,8 +205,8 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
                 cw.backward_input_s / fused if fused > 0.0 else 1.0,
                 cw.backward_weight_s,
                 cw.send_bytes,
-                s if (g + 1) % pp != s else -1,
-                (s - 1) % pp if (g - 1) % pp != s else -1,
+                _route(s, place[g + 1], pp, forward=True) if g < last_global else (-1, -1),
+                _route(s, place[g - 1], pp, forward=False) if g > 0 else (-1, -1),
             )
         )
 
@@ -203,14 +219,14 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
         g, f_s, b_s, bw_s, b_share, w_s, nbytes, fwd_link, bwd_link = consts[c]
         if kind_name == "F":
             dep = 2 * (g * m + mb) if g > 0 else -1
-            send = (0, fwd_link, 2 * ((g + 1) * m + mb), nbytes, (g + 1) % pp) if g < last_global else None
+            send = (fwd_link[0], fwd_link[1], 2 * ((g + 1) * m + mb), nbytes, place[g + 1]) if g < last_global else None
             op = [_KIND_F, mb, c, f_s, 0.0, dep, send, None, None, None, None]
             if fsdp:
                 op[8] = ("f", mb, c)
         elif kind_name == "B":
             fuse = not split and i + 1 < n and steps[i + 1] == ("W", mb, c)
             dep = 2 * (g * m + mb) + 1 if g < last_global else -1
-            send = (1, bwd_link, 2 * ((g - 1) * m + mb) + 1, nbytes, (g - 1) % pp) if g > 0 else None
+            send = (bwd_link[0], bwd_link[1], 2 * ((g - 1) * m + mb) + 1, nbytes, place[g - 1]) if g > 0 else None
             if fuse:
                 op = [_KIND_BW, mb, c, bw_s, b_share, dep, send, None, None, None, None]
                 final_index[c] = len(ops)
@@ -227,6 +243,18 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
         ops.append(op)
         i += 1
 
+    # A breadth-first loop keeps a chunk's gathered parameters while its micro-batches run back to
+    # back (``amortises_gathers``): only the first op of each run of one (pass, chunk) gathers, and
+    # the chunk's gradients are reduce-scattered once, after its last micro-batch
+    keep = amortises_gathers(work.schedule)
+    if fsdp and keep:
+        previous = None
+        for op in ops:
+            if op[8] is not None:
+                run = (op[8][0], op[8][2])
+                if run == previous:
+                    op[8] = None
+                previous = run
     # FSDP prefetch: the gather of the next op that needs parameters is issued when an op starts
     # (the first at time 0, see run_pipeline); every F and every B gathers again (per micro-batch)
     needing = [index for index, op in enumerate(ops) if op[8] is not None]
@@ -242,7 +270,7 @@ def _compile_stage(work: PipelineWork, s: int, steps: list[Step]) -> list[tuple[
         lo, hi = k * len(buckets) // len(finals), (k + 1) * len(buckets) // len(finals)
         if hi > lo:
             plan = tuple(((q + 1) / (hi - lo), lo + q) for q in range(hi - lo))
-            for target in grad_ops[chunk_of_final[index]] if fsdp else (index,):
+            for target in grad_ops[chunk_of_final[index]] if fsdp and not keep else (index,):
                 ops[target][7] = plan
     return [tuple(op) for op in ops]
 
@@ -256,7 +284,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     """Simulate one iteration of ``work`` event by event; see ``PipelineResult`` for the metrics."""
     _validate(work)
     pp, v, m = work.pp, work.virtual_stages, work.num_microbatches
-    compiled = [_compile_stage(work, s, stage_steps(work.schedule, pp, s, m, v)) for s in range(pp)]
+    program = schedule_program(work.schedule, pp, m, v)
+    compiled = [_compile_stage(work, s, program) for s in range(pp)]
 
     env = simpy.Environment()
     arrivals: list[tuple[float, float, float] | None] = [None] * (2 * pp * v * m)

@@ -240,7 +240,7 @@ class TrainingResult:
 
 def simulate_training(config: Mapping[str, Any], options: RunOptions) -> TrainingResult:
     """Run one training iteration at the requested fidelity."""
-    setup = parse_training(config)
+    setup = parse_training(config, options.config_dir)
     work = build_iteration(setup)
     memory = memory_per_stage(
         setup.model, setup.plan, setup.job,

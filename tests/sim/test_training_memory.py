@@ -149,7 +149,7 @@ def test_inflight_microbatches_by_schedule() -> None:
     assert [inflight_microbatches(zb, 16, s) for s in range(4)] == [4, 3, 2, 1]
     inter = ParallelPlan(pp=8, schedule="interleaved", virtual_stages=3)
     assert inflight_microbatches(inter, 64, 0) == pytest.approx(8 * (1 + 7 / 24), rel=1e-12)  # Narayanan penalty
-    assert inflight_microbatches(inter, 1, 0) == pytest.approx(1.0)  # capped by m x v chunk forwards
+    assert inflight_microbatches(inter, 8, 0) == pytest.approx(8.0)  # capped by m x v chunk forwards (m == pp)
     with pytest.raises(ValueError, match="stage 8"):
         inflight_microbatches(inter, 64, 8)
 

@@ -109,4 +109,4 @@ def test_invalid_inputs_name_the_rule(schedule: str, pp: int, stage: int, m: int
 
 
 def test_schedule_names_match_the_interface() -> None:
-    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1")
+    assert SCHEDULES == ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "bfs", "hanayo")

@@ -1,0 +1,188 @@
+"""Schedules as programs: the new generators against their published closed forms on uniform stages,
+the analytic fidelity against the DES on the same programs, and user schedule files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.training.analytic import analytic_iteration
+from sim.training.pipeline_des import run_pipeline
+from sim.training.schedules import (
+    program_profile,
+    schedule_placement,
+    schedule_program,
+    splits_backward,
+    stage_program,
+)
+from sim.training.work import ChunkWork, PipelineWork, StageWork
+from workloads.errors import InvalidPlanError
+
+NEW = [("zb-h2", 1), ("zb-v", 2), ("v-half", 2), ("v-min", 2), ("bfs", 2), ("hanayo", 2), ("hanayo", 4)]
+
+
+def uniform(schedule: str, pp: int, m: int, v: int, f: float, b: float, w: float) -> PipelineWork:
+    """pp stages of v equal chunks; a stage's F, B, W are f, b, w (each chunk 1/v of them)."""
+    chunk = ChunkWork(
+        forward_s=f / v, backward_input_s=b / v, backward_weight_s=w / v, exposed_comm_s={}, recompute_s=0.0,
+        activation_bytes=1.0, send_bytes=0.0, layers=1,
+    )
+    stages = tuple(
+        StageWork(stage=s, chunks=(chunk,) * v, grad_sync=(), param_gather=(), optimizer_s=0.0, static_memory_bytes=0.0)
+        for s in range(pp)
+    )
+    return PipelineWork(
+        schedule=schedule, num_microbatches=m, virtual_stages=v, stages=stages,
+        p2p_bandwidth_Bps=(float("inf"),) * pp, p2p_latency_s=(0.0,) * pp, overlap_slowdown=1.0,
+    )
+
+
+@pytest.mark.parametrize(("schedule", "v"), NEW)
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8), (4, 5), (8, 16)])
+def test_every_op_once_in_dependency_order(schedule: str, v: int, pp: int, m: int) -> None:
+    program = schedule_program(schedule, pp, m, v)
+    assert program.split_backward == splits_backward(schedule)
+    assert sorted(program.placement) == sorted(list(range(pp)) * v)
+    for stage in range(pp):
+        ops = stage_program(schedule, pp, stage, m, v)
+        position = {(op.kind, op.microbatch, op.chunk): i for i, op in enumerate(ops)}
+        assert len(position) == len(ops) == 3 * m * v
+        for mb in range(m):
+            for c in range(v):
+                assert position[("F", mb, c)] < position[("B", mb, c)] < position[("W", mb, c)]
+
+
+def test_v_and_wave_placements() -> None:
+    assert schedule_placement("zb-v", 4, 2) == (0, 1, 2, 3, 3, 2, 1, 0)
+    assert schedule_placement("hanayo", 3, 4) == (0, 1, 2, 2, 1, 0, 0, 1, 2, 2, 1, 0)
+    assert schedule_placement("bfs", 3, 2) == (0, 1, 2, 0, 1, 2)
+
+
+def bubble(schedule: str, pp: int, m: int, v: int, f: float = 1.0, b: float = 1.0, w: float = 1.0) -> float:
+    return run_pipeline(uniform(schedule, pp, m, v, f, b, w)).bubble_fraction
+
+
+@pytest.mark.parametrize(("pp", "m"), [(4, 8), (8, 32), (8, 16)])
+def test_bubbles_against_the_closed_forms(pp: int, m: int) -> None:
+    one_f_one_b = bubble("1f1b", pp, m, 1)
+    assert one_f_one_b == pytest.approx((pp - 1) / (m + pp - 1), rel=1e-9)  # Narayanan et al. 2021
+    # ZB-H1 (Qi et al. 2024, Table 1): bubble (p - 1)(F + B - W), a third of 1F1B's with F = B = W
+    zb_h1 = bubble("zb-h1", pp, m, 1)
+    t_zb_h1 = m * 3 + (pp - 1) * 1
+    assert zb_h1 == pytest.approx(1 - 3 * m / t_zb_h1, rel=1e-9)
+    assert 0.25 < (zb_h1 * t_zb_h1) / (one_f_one_b * (m + pp - 1) * 3) <= 1 / 3 + 1e-9
+    # ZB-V (Qi et al. 2024, Sec. 6): about zero: only the first micro-batch's way down the V,
+    # (p - 1) chunk forwards of F / 2, is left idle on the last stage
+    zb_v = bubble("zb-v", pp, m, 2)
+    fill = (pp - 1) * 0.5
+    assert zb_v == pytest.approx(1 - 3 * m / (3 * m + fill), rel=1e-9)
+    assert zb_v < one_f_one_b / 4
+    # ZB-H2 without the cross-iteration overlap it is never worse than ZB-H1; hanayo's waves beat
+    # 1F1B once m >> p (Liu et al. SC'23); bfs with v loops has interleaving's bubble
+    assert bubble("zb-h2", pp, m, 1) <= zb_h1 + 1e-12
+    assert bubble("zb-h2", pp, m, 1, f=1.0, b=2.0, w=1.0) < bubble("zb-h1", pp, m, 1, f=1.0, b=2.0, w=1.0)
+    if m >= 4 * pp:
+        assert bubble("hanayo", pp, m, 2) < one_f_one_b
+    assert bubble("bfs", pp, m, 2) == pytest.approx((pp - 1) / 2 / (m + (pp - 1) / 2), rel=1e-9)
+
+
+@pytest.mark.parametrize("pp", [4, 8, 16])
+def test_activation_memory_of_the_v_shapes(pp: int) -> None:
+    """Qi et al. 2024 (arXiv 2405.15362): V-Half 1/2 and V-Min about 1/3 of 1F1B's peak activations,
+    ZB-V the same as 1F1B; counted by executing the programs (stage units)."""
+    m = 4 * pp
+    peak = {s: max(program_profile(s, pp, m, 2 if s.startswith("v") or s == "zb-v" else 1).inflight_stages(k) for k in range(pp))
+            for s in ("1f1b", "zb-v", "v-half", "v-min")}
+    assert peak["1f1b"] == pp
+    assert peak["zb-v"] == pp
+    assert peak["v-half"] == pp / 2
+    assert 1 / 3 <= peak["v-min"] / peak["1f1b"] <= 0.4
+    # and the DES holds exactly what the program says
+    result = run_pipeline(uniform("v-half", pp, m, 2, 1.0, 1.0, 1.0))
+    assert max(result.peak_activation_bytes) == pp  # one byte per chunk activation, pp chunks
+
+
+@pytest.mark.parametrize(("schedule", "v"), [("gpipe", 1), ("1f1b", 1), ("zb-h1", 1), ("interleaved", 2)] + NEW)
+@pytest.mark.parametrize(("f", "b", "w"), [(1.0, 1.0, 1.0), (1.0, 2.0, 1.0), (1.0, 2.0, 0.5)])
+def test_analytic_matches_the_des_on_uniform_stages(schedule: str, v: int, f: float, b: float, w: float) -> None:
+    pp, m = 4, 8
+    work = uniform(schedule, pp, m, v, f, b, w)
+    des, analytic = run_pipeline(work), analytic_iteration(work)
+    assert analytic.iteration_time_s == pytest.approx(des.iteration_time_s, rel=0.01)
+    assert analytic.bubble_fraction == pytest.approx(des.bubble_fraction, abs=0.01)
+
+
+def write(tmp_path: Path, data: object, name: str = "schedule.json") -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return "file:" + str(path)
+
+
+def test_a_schedule_file_runs_like_the_generator_it_copies(tmp_path: Path) -> None:
+    pp, m = 4, 6
+    stages = [[f"{k}{mb}" for k, mb, _ in schedule_program("1f1b", pp, m).steps[s]] for s in range(pp)]
+    schedule = write(tmp_path, {"stages": stages})
+    ours = run_pipeline(uniform(schedule, pp, m, 1, 1.0, 2.0, 0.5))
+    reference = run_pipeline(uniform("1f1b", pp, m, 1, 1.0, 2.0, 0.5))
+    assert ours.iteration_time_s == reference.iteration_time_s
+    assert ours.peak_inflight_microbatches == reference.peak_inflight_microbatches
+    # a V from a file, with its own placement and a split backward
+    v_steps = schedule_program("zb-v", pp, m, 2).steps
+    v_file = write(tmp_path, name="v.json", data={
+        "placement": list(schedule_placement("zb-v", pp, 2)), "split_backward": True,
+        "stages": [[[k, mb, c] for k, mb, c in ops] for ops in v_steps],
+    })
+    assert run_pipeline(uniform(v_file, pp, m, 2, 1.0, 1.0, 1.0)).iteration_time_s == pytest.approx(
+        run_pipeline(uniform("zb-v", pp, m, 2, 1.0, 1.0, 1.0)).iteration_time_s
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "m", "words"),
+    [
+        ({"stages": [["F0", "B0", "W0"], ["B0", "F0", "W0"]]}, 1, "before B0.0"),
+        ({"stages": [["F0", "B0", "W0"], ["F0", "B0"]]}, 1, "never runs W0.0"),
+        ({"stages": [["F0", "B0", "W0", "F0"], ["F0", "B0", "W0"]]}, 1, "twice"),
+        ({"stages": [["F0", "B0", "W0", "F1", "B1", "W1"], ["F1", "F0", "B0", "W0", "B1", "W1"]]}, 2, "deadlocks"),
+        ({"stages": [["F0", "B0", "W0"], ["F0", "B0", "W0"]], "placement": [0, 0]}, 1, "placement"),
+        ({"stages": [["F0", "B0", "W0"], ["F0", "B0", "W0"]]}, 3, "runs 1 micro-batches; this job has 3"),
+        ({"stages": [["X0"]]}, 1, "must be a string like"),
+        ([1, 2], 1, "needs a JSON object"),
+    ],
+)
+def test_bad_schedule_files_name_the_rule(tmp_path: Path, data: object, m: int, words: str) -> None:
+    schedule = write(tmp_path, data)
+    with pytest.raises(InvalidPlanError, match=words):
+        schedule_program(schedule, 2, m, 1)
+
+
+def test_profiles_are_cached() -> None:
+    assert program_profile("zb-v", 4, 8, 2) is program_profile("zb-v", 4, 8, 2)
+
+
+def test_breadth_first_gathers_fsdp_parameters_once_per_loop() -> None:
+    """Lamy-Poirier 2022 (arXiv 2211.05953): in a breadth-first loop every micro-batch runs a chunk
+    back to back, so ZeRO-3 gathers each chunk once per pass instead of once per micro-batch."""
+    from dataclasses import replace
+
+    from sim.training.work import CommWork
+
+    gather = CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=2.0)
+    exposed, gathers, times = {}, {}, {}
+    for schedule in ("bfs", "interleaved"):
+        work = uniform(schedule, 4, 8, 2, 1.0, 1.0, 1.0)
+        work = replace(work, stages=tuple(replace(s, param_gather=(gather, gather)) for s in work.stages))
+        exposed[schedule] = analytic_iteration(work).exposed_comm_s["dp"]
+        des = run_pipeline(work, trace=True)
+        gathers[schedule] = sum(1 for e in des.events if e.stage == 0 and e.name.startswith("param_gather"))
+        times[schedule] = des.iteration_time_s
+    # the DES: one gather per chunk and pass under bfs (2 x 2), one per op otherwise (2 x 2 x 8)
+    assert gathers == {"bfs": 4, "interleaved": 32}
+    assert times["bfs"] < times["interleaved"]
+    # depth-first: 2 passes x 2 chunks x 2 s per micro-batch = 8 s against 3 s of compute, so
+    # 8 x 5 s beyond the first gather are exposed; breadth-first: 8 s of gathers per iteration
+    # under 24 s of compute, all hidden but the first gather
+    assert exposed["bfs"] == pytest.approx(2.0)
+    assert exposed["interleaved"] == pytest.approx(2.0 + 8 * (8.0 - 3.0))
