@@ -32,7 +32,7 @@ from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, sect
 from sim.errors import ConfigError
 from sim.offload import RESOURCES, LayerTerms, OffloadJob, OffloadPolicy, OffloadRun, TierFractions, layer_terms, simulate_offload
 from search.run import DEFAULT_TOP_K, SearchOptions
-from search.solver import check_constraints, solve
+from search.solver import check_constraints, expression_value, solve
 from workloads.precision import BYTES_PER_ELEMENT
 
 OFFLOAD_SEARCH_KEYS = (
@@ -218,10 +218,6 @@ def placement_lp(
     return problem, x, exprs, memory
 
 
-def _value(expr: pulp.LpAffineExpression, values: Mapping[str, float]) -> float:
-    return sum(coef * values.get(var.name, 0.0) for var, coef in expr.items()) + expr.constant
-
-
 def solve_placement(terms: LayerTerms, num_gpu_batches: int, space: OffloadSpace) -> Placement | None:
     """The LP's optimum for one (gpu_batch, num_gpu_batches), verified in plain Python; None if infeasible."""
     problem, x, exprs, memory = placement_lp(terms, num_gpu_batches, space)
@@ -242,13 +238,13 @@ def solve_placement(terms: LayerTerms, num_gpu_batches: int, space: OffloadSpace
         gpu_batch=terms.gpu_batch, num_gpu_batches=num_gpu_batches,
         weights=fractions("w"), kv_cache=fractions("c"), activations=fractions("h"),
     )
-    pre = {k: _value(e, v) for k, e in exprs["prefill"].items()}
-    gen = {k: _value(e, v) for k, e in exprs["decode"].items()}
+    pre = {k: expression_value(e, solution) for k, e in exprs["prefill"].items()}
+    gen = {k: expression_value(e, solution) for k, e in exprs["decode"].items()}
     t_pre, t_gen = v["t_prefill_layer_s"], v["t_decode_layer_s"]
     return Placement(
         policy=policy, block_s=terms.layers * (t_pre + (terms.output_tokens - 1) * t_gen),
         prefill_layer_s=t_pre, decode_layer_s=t_gen, prefill_terms_s=pre, decode_terms_s=gen,
-        memory_bytes={tier: _value(e, v) for tier, e in memory.items()}, output_tokens=terms.output_tokens,
+        memory_bytes={tier: expression_value(e, solution) for tier, e in memory.items()}, output_tokens=terms.output_tokens,
     )
 
 

@@ -89,13 +89,18 @@ def _native_stdout_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
+def expression_value(expression: pulp.LpAffineExpression, solution: Solution) -> float:
+    """An affine expression of the model evaluated on the solution's values (absent variables: 0)."""
+    return sum(coef * solution.values.get(var.name, 0.0) for var, coef in expression.items()) + expression.constant
+
+
 def check_constraints(problem: pulp.LpProblem, solution: Solution, tolerance: float = 1e-6) -> list[str]:
     """Names of the constraints of ``problem`` that ``solution`` violates by more than
     ``tolerance`` (relative to the constraint's constant, at least absolute ``tolerance``), evaluated
     in plain Python from the solution's values, not from the solver's state."""
     violated = []
     for constraint in problem.constraints():
-        lhs = sum(coef * solution.values.get(var.name, 0.0) for var, coef in constraint.items()) + constraint.constant
+        lhs = expression_value(constraint, solution)
         slack = tolerance * max(1.0, abs(constraint.constant))
         sense = constraint.sense
         if (sense == pulp.LpConstraintLE and lhs > slack) or (sense == pulp.LpConstraintGE and lhs < -slack) or (

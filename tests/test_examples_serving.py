@@ -11,7 +11,7 @@ import pytest
 from sim.cli import main
 
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parent.parent / "examples").glob("*.toml")
-                  if "serving" in tomllib.loads(p.read_text()))
+                  if "serving" in tomllib.loads(p.read_text()) and "search" not in tomllib.loads(p.read_text()))
 
 
 def _simulate(path: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> dict:

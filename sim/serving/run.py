@@ -302,13 +302,18 @@ def check_room_for_kv(system: ServingSystem) -> None:
         )
 
 
-def simulate_serving(config: Mapping[str, Any], options: RunOptions) -> ServingResult:
-    """The serving run a config describes ([model], [cluster], [serving], [workload], [slo])."""
+def simulate_serving(
+    config: Mapping[str, Any], options: RunOptions, request_specs: Sequence[RequestSpec] | None = None
+) -> ServingResult:
+    """The serving run a config describes ([model], [cluster], [serving], [workload], [slo]);
+    ``request_specs`` (a part of a stream that a router upstream sent here) replaces the stream that
+    ``[workload]`` would generate."""
     spec = parse_serving(section(config, "serving"))
     workload = parse_workload(section(config, "workload"), base_dir=options.config_dir)
     seed = options.seed if options.seed is not None else (workload.seed if workload.seed is not None else 0)
     rng = np.random.default_rng(seed)
-    request_specs = build_requests(workload, rng)
+    if request_specs is None:
+        request_specs = build_requests(workload, rng)
     # an inline model without max_seq_len serves the run's longest request (or max_model_len)
     longest = spec.max_model_len or max((r.prompt_tokens + r.output_tokens for r in request_specs), default=None)
     model = resolve_model(config, default_max_seq_len=longest)

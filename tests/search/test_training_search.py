@@ -142,7 +142,7 @@ def test_min_memory_headroom_is_a_constraint() -> None:
         ({"objective": "cost", "train_tokens": None}, "needs train_tokens"),
         ({"layers_per_stage": [1]}, "the planner chooses it"),
         ({"pp": "many"}, "must be \"auto\" or a list of integers"),
-        ({"gpus": ["l40s"], "objective": "cost"}, "has no price in the catalog"),
+        ({"gpus": ["a100-pcie-80gb"], "objective": "cost"}, "has no price in the catalog"),
         ({"colour": 1}, "unknown key 'colour'"),
     ],
 )

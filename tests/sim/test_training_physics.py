@@ -115,3 +115,38 @@ def test_expert_all_to_all_moves_the_sequence_parallel_shard() -> None:
     model_hidden, k = 4096, 2
     assert dispatch_bytes(True) == 4096 // 2 * k * model_hidden * 2.0  # s/tp tokens x top-2 x h x bf16
     assert dispatch_bytes(False) == 2 * dispatch_bytes(True)
+
+
+def test_tp_overlap_pairs_each_collective_with_its_gemm() -> None:
+    from sim.training.costs import price_pass
+    from workloads.graph import Op
+
+    config = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
+        "training": {"seq_len": 2048, "global_batch": 4},
+        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, "overlap_slowdown": 1.0},
+    }
+    setup = parse_training(config)
+    links = group_links(setup, 0)
+    gpu = setup.cluster.gpu
+
+    def seconds(op: Op) -> float:
+        return costmodel.op_time_s(op, gpu, precision="bf16", links=links)
+
+    ag = Op(name="attention_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=64e6)
+    rs = Op(name="attention_reduce_scatter", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=64e6)
+    big = Op(name="qkv_proj", kind="gemm", m=8192, n=6144, k=2048)
+    small = Op(name="out_proj", kind="gemm", m=64, n=64, k=64)
+    # ring exchange: the all-gather hides behind the GEMM after it, but for 1/tp
+    cost = price_pass(setup, [ag, big, small, rs], links)
+    c_ag, c_rs = seconds(ag), seconds(rs)
+    assert c_ag * 3 / 4 < seconds(big)
+    # pipeline (4 splits): the reduce-scatter can hide only behind the tiny GEMM before it
+    expected = (c_ag - c_ag * 3 / 4) + (c_rs - min(c_rs * 3 / 4, seconds(small)))
+    assert cost.exposed_comm_s["tp"] == pytest.approx(expected, rel=1e-12)
+    # pooled over the pass (the old rule) the big GEMM would have hidden both
+    assert cost.exposed_comm_s["tp"] > (c_ag + c_rs) / 4 * 1.5
+    # the LM head's all-gather is not a Transformer Engine module's: it stays exposed
+    head = Op(name="lm_head_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=64e6)
+    assert price_pass(setup, [head, big], links).exposed_comm_s["tp"] == pytest.approx(seconds(head), rel=1e-12)
