@@ -19,7 +19,7 @@ from workloads.catalog import get_model, model_from_mapping
 from workloads.errors import ModelCatalogError
 from workloads.model import ModelSpec
 
-KNOWN_SECTIONS = ("model", "cluster", "training", "parallel", "serving", "workload", "slo", "search")
+KNOWN_SECTIONS = ("model", "cluster", "training", "parallel", "serving", "workload", "slo", "search", "published")
 
 
 def _parse_value(text: str) -> Any:

@@ -114,10 +114,10 @@ def _float(table: Mapping[str, Any], key: str, where: str, default: float, minim
 # and beyond them the arrays and loops of a run stop fitting in memory and time.
 MAX_GLOBAL_BATCH = 2**24
 MAX_SEQ_LEN = 10_000_000
-# The DES executes every pass of every micro-batch on every stage; past this many it takes minutes
-# (zb-h1 at 2**18 micro-batches x 8 stages: 50 s on one core), while the analytic fidelity is exact
-# for such long steady states.
-MAX_DES_PASSES = 2**19
+# Both fidelities execute the schedule program pass by pass (micro-batch x stage x chunk); past this
+# many that takes minutes (zb-h1, 8 stages: 2,048 micro-batches 7 s, 65,536 micro-batches 320 s and
+# 7 GB on a loaded 2-core machine). The largest published runs use ~33,000 (GPT 1T: 512 x 64).
+MAX_SCHEDULE_PASSES = 2**17
 
 
 def parse_schedule(parallel: Mapping[str, Any], base_dir: Path | None) -> tuple[str, int]:
@@ -297,6 +297,13 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
     if plan.schedule == "interleaved" and num_microbatches % plan.pp:
         raise InvalidPlanError(
             f"schedule 'interleaved' needs the {num_microbatches} micro-batches to be a multiple of pp {plan.pp}"
+        )
+    passes = num_microbatches * plan.pp * plan.virtual_stages
+    if passes > MAX_SCHEDULE_PASSES:
+        raise InvalidPlanError(
+            f"{num_microbatches:,} micro-batches x pp {plan.pp} x {plan.virtual_stages} chunks = {passes:,} scheduled "
+            f"passes, past the limit of {MAX_SCHEDULE_PASSES:,} (checking and executing the schedule takes minutes "
+            "beyond it); use fewer micro-batches: a larger training.micro_batch or a smaller training.global_batch"
         )
     schedule_program(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # the program is valid
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:

@@ -226,7 +226,10 @@ class TrainingResult:
             from sim.training.trace import plot_pipeline_timeline
 
             plot = out_dir / "pipeline_timeline.png"
-            plot_pipeline_timeline(self.events, plot, max_microbatches=min(8, self.setup.num_microbatches))
+            # enough micro-batches to pass the warm-up (pp x chunks) into the steady state
+            plan = self.setup.plan
+            shown = min(self.setup.num_microbatches, max(8, 2 * plan.pp * plan.virtual_stages + 2))
+            plot_pipeline_timeline(self.events, plot, max_microbatches=shown, total_microbatches=self.setup.num_microbatches)
             paths.append(plot)
         return paths
 
@@ -251,16 +254,7 @@ def simulate_training(config: Mapping[str, Any], options: RunOptions) -> Trainin
         if options.trace:
             raise ConfigError("--trace needs the DES fidelity (--fidelity des)")
         return TrainingResult(setup=setup, work=work, estimate=analytic_iteration(work.pipeline), memory=memory, fidelity="analytic")
-    from sim.training.config import MAX_DES_PASSES
     from sim.training.pipeline_des import run_pipeline
-
-    passes = setup.num_microbatches * setup.plan.pp * setup.plan.virtual_stages
-    if passes > MAX_DES_PASSES:
-        raise ConfigError(
-            f"the DES would execute {setup.num_microbatches:,} micro-batches x {setup.plan.pp} stages x "
-            f"{setup.plan.virtual_stages} chunks = {passes:,} passes, past its limit of {MAX_DES_PASSES:,}; "
-            "use --fidelity analytic (exact for long steady states) or fewer micro-batches (training.global_batch)"
-        )
 
     result = run_pipeline(work.pipeline, trace=options.trace)
     estimate = PipelineEstimate(
