@@ -30,9 +30,9 @@ import pulp
 
 from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
-from sim.offload import RESOURCES, LayerTerms, OffloadJob, OffloadPolicy, OffloadRun, TierFractions, layer_terms, simulate_offload
+from sim.offload import LayerTerms, OffloadJob, OffloadPolicy, OffloadRun, TierFractions, layer_terms, simulate_offload
 from search.run import DEFAULT_TOP_K, SearchOptions
-from search.solver import check_constraints, expression_value, solve
+from search.solver import expression_value, solve_checked
 from workloads.precision import BYTES_PER_ELEMENT
 
 OFFLOAD_SEARCH_KEYS = (
@@ -221,12 +221,9 @@ def placement_lp(
 def solve_placement(terms: LayerTerms, num_gpu_batches: int, space: OffloadSpace) -> Placement | None:
     """The LP's optimum for one (gpu_batch, num_gpu_batches), verified in plain Python; None if infeasible."""
     problem, x, exprs, memory = placement_lp(terms, num_gpu_batches, space)
-    solution = solve(problem)
-    if not solution.optimal:
+    solution = solve_checked(problem, tolerance=1e-5)
+    if solution is None:
         return None
-    violated = check_constraints(problem, solution, tolerance=1e-5)
-    if violated:
-        raise AssertionError(f"LP {problem.name}: the solver's solution violates {', '.join(violated)}")
     v = solution.values
 
     def fractions(kind: str) -> TierFractions:

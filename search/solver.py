@@ -108,3 +108,15 @@ def check_constraints(problem: pulp.LpProblem, solution: Solution, tolerance: fl
         ):
             violated.append(constraint.name)
     return violated
+
+
+def solve_checked(problem: pulp.LpProblem, *, tolerance: float = 1e-6) -> Solution | None:
+    """``solve`` then ``check_constraints``: the optimum, re-verified in plain Python, or None when the
+    model is infeasible; a solution that breaks a constraint raises AssertionError naming it."""
+    solution = solve(problem)
+    if not solution.optimal:
+        return None
+    violated = check_constraints(problem, solution, tolerance=tolerance)
+    if violated:
+        raise AssertionError(f"{problem.name}: the solver's solution violates {', '.join(violated)}")
+    return solution

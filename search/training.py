@@ -154,12 +154,13 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
                               violates=light.violates))
     funnel.screened = len(lights)
     funnel.fits_in_memory = sum(1 for x in lights if x.violates != "memory")
-    feasible = sorted((x for x in lights if not x.violates), key=lambda x: (x.objective, x.index))
+    # ties (equal objective) go to the plan with the smaller peak memory, then to enumeration order
+    feasible = sorted((x for x in lights if not x.violates), key=lambda x: (x.objective, x.metrics[_PEAK], x.index))
     funnel.meets_constraints = len(feasible)
 
     # ---- MILP refinement of the best plans ---------------------------------------------------------
     refined = _refine(space, token, bases, feasible, lights, top_k, funnel, len(candidates))
-    pool = sorted(feasible + refined, key=lambda x: (x.objective, x.index))
+    pool = sorted(feasible + refined, key=lambda x: (x.objective, x.metrics[_PEAK], x.index))
 
     # ---- DES re-ranking of the top K -------------------------------------------------------------
     sources = {x.index: x.source for x in pool}
@@ -171,7 +172,8 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
     funnel.des_reranked = len(des)
     reranked = [Plan(index=p.index, candidate=p.candidate, context=p.context, source=p.source, analytic=p.analytic,
                      des=m) for p, m in zip(top, des)]
-    reranked.sort(key=lambda p: (objective_value(p, space.objective, space.train_tokens), p.index))
+    reranked.sort(key=lambda p: (objective_value(p, space.objective, space.train_tokens), p.des["peak_memory_bytes"],
+                                 p.index))
     ranked = [p for p in reranked if _feasible(space, p.des, p.candidate)] or reranked
 
     # ---- Pareto set over every feasible plan (analytic) ------------------------------------------
@@ -222,36 +224,41 @@ def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: li
     def capacity(candidate: Candidate) -> float:
         return space.contexts[candidate.context].capacity_bytes * (1.0 - space.min_memory_headroom)
 
-    for parent in [x for x in feasible if x.candidate.pp > 1 and not x.candidate.layers_per_stage][:top_k]:
-        c = parent.candidate
-        setup = build_setup(bases[c.context], c)
-        try:
-            assignment = assign_layers(stage_assignment_input(setup, capacity(c), cache))
-        except (MilpInfeasible, MilpCheckFailed, SolverError):
-            funnel.milp_infeasible["layers_per_stage"] = funnel.milp_infeasible.get("layers_per_stage", 0) + 1
-            continue
-        funnel.milp_solved["layers_per_stage"] = funnel.milp_solved.get("layers_per_stage", 0) + 1
-        chunks = assignment.layers_per_chunk
-        if chunks == stage_layer_counts(setup.model.layers, setup.plan):
-            continue
-        split = chunks if c.virtual_stages > 1 else tuple(chunks)
-        add(c._replace(layers_per_stage=split), parent, "layers_per_stage")
+    def refine(parents: list[_Light], name: str, solve_one: Any, change: Any) -> None:
+        """Solve one MILP per parent; add each changed plan that the analytic model confirms."""
+        for parent in parents[:top_k]:
+            c = parent.candidate
+            setup = build_setup(bases[c.context], c)
+            try:
+                answer = solve_one(setup, capacity(c))
+            except (MilpInfeasible, MilpCheckFailed, SolverError):
+                funnel.milp_infeasible[name] = funnel.milp_infeasible.get(name, 0) + 1
+                continue
+            funnel.milp_solved[name] = funnel.milp_solved.get(name, 0) + 1
+            changed = change(c, setup, answer)
+            if changed is not None:
+                add(changed, parent, name)
 
+    # (a) on the best feasible plans with a pipeline: the split, when it differs from the even one
+    refine(
+        [x for x in feasible if x.candidate.pp > 1 and not x.candidate.layers_per_stage], "layers_per_stage",
+        lambda setup, cap: assign_layers(stage_assignment_input(setup, cap, cache)),
+        lambda c, setup, answer: None if answer.layers_per_chunk == stage_layer_counts(setup.model.layers, setup.plan)
+        else c._replace(layers_per_stage=answer.layers_per_chunk),
+    )
+    # (b) on the best plans (better than the best feasible one as priced) that miss memory only
     best = feasible[0].objective if feasible else float("inf")
-    memory_only = [x for x in lights if x.violates in ("memory", "min_memory_headroom")
-                   and x.candidate.recompute in ("none", "selective") and x.objective < best]
-    memory_only.sort(key=lambda x: (x.objective, x.index))
-    for parent in memory_only[:top_k]:
-        c = parent.candidate
-        setup = build_setup(bases[c.context], c)
-        try:
-            choice = choose_recompute(recompute_input(setup, capacity(c), cache))
-        except (MilpInfeasible, MilpCheckFailed, SolverError):
-            funnel.milp_infeasible["recompute_layers"] = funnel.milp_infeasible.get("recompute_layers", 0) + 1
-            continue
-        funnel.milp_solved["recompute_layers"] = funnel.milp_solved.get("recompute_layers", 0) + 1
-        if any(choice.recompute_layers):
-            add(c._replace(recompute_layers=choice.recompute_layers), parent, "recompute_layers")
+    memory_only = sorted(
+        (x for x in lights if x.violates in ("memory", "min_memory_headroom")
+         and x.candidate.recompute in ("none", "selective") and x.objective < best),
+        key=lambda x: (x.objective, x.index),
+    )
+    refine(
+        memory_only, "recompute_layers",
+        lambda setup, cap: choose_recompute(recompute_input(setup, cap, cache)),
+        lambda c, setup, answer: c._replace(recompute_layers=answer.recompute_layers)
+        if any(answer.recompute_layers) else None,
+    )
     return out
 
 

@@ -19,13 +19,24 @@ from search.training_milp import RecomputeInput, StageAssignmentInput
 from workloads.plan import stage_layer_counts
 
 
-def _chunk_s(setup: TrainingSetup, layer: int, *, first: bool = False, last: bool = False, recomputed: int = 0,
-             cache: PricingCache) -> float:
-    work = chunk_cost(
-        setup, layers=range(layer, layer + 1), first=first, last=last, links=group_links(setup, 0, cache),
-        layer_cache={}, cache=cache, recomputed=recomputed,
-    ).work
-    return work.forward_s + work.backward_input_s + work.backward_weight_s
+class _Probe:
+    """Prices chunks of one setup with one layer cache (stage 0's links: tensor- and context-parallel
+    groups have the same shape on every stage)."""
+
+    def __init__(self, setup: TrainingSetup, cache: PricingCache) -> None:
+        self.setup, self.cache = setup, cache
+        self.links = group_links(setup, 0, cache)
+        self.layer_cache: dict = {}
+
+    def seconds(self, layers: range, *, first: bool = False, last: bool = False, recomputed: int = 0) -> float:
+        work = chunk_cost(
+            self.setup, layers=layers, first=first, last=last, links=self.links, layer_cache=self.layer_cache,
+            cache=self.cache, recomputed=recomputed,
+        ).work
+        return work.forward_s + work.backward_input_s + work.backward_weight_s
+
+    def layer_s(self, layer: int, **kwargs: bool | int) -> float:
+        return self.seconds(range(layer, layer + 1), **kwargs)
 
 
 def _stage_bytes(setup: TrainingSetup, stage: int, dense: int, moe: int, recomputed: int = 0) -> float:
@@ -45,10 +56,11 @@ def stage_assignment_input(setup: TrainingSetup, capacity_bytes: float, cache: P
     dense_probe = 0 if dense_layers else None
     moe_probe = layers - 1 if dense_layers < layers else None
     probe = dense_probe if dense_probe is not None else moe_probe
-    dense_s = _chunk_s(setup, dense_probe, cache=cache) if dense_probe is not None else 0.0
-    moe_s = _chunk_s(setup, moe_probe, cache=cache) if moe_probe is not None else 0.0
-    first_s = _chunk_s(setup, probe, first=True, cache=cache) - _chunk_s(setup, probe, cache=cache)
-    last_s = _chunk_s(setup, probe, last=True, cache=cache) - _chunk_s(setup, probe, cache=cache)
+    chunks = _Probe(setup, cache)
+    dense_s = chunks.layer_s(dense_probe) if dense_probe is not None else 0.0
+    moe_s = chunks.layer_s(moe_probe) if moe_probe is not None else 0.0
+    first_s = chunks.layer_s(probe, first=True) - chunks.layer_s(probe)
+    last_s = chunks.layer_s(probe, last=True) - chunks.layer_s(probe)
     static, dense_bytes, moe_bytes = [], [], []
     for s in range(plan.pp):
         one_d = _stage_bytes(setup, s, 1, 0) if dense_layers else None
@@ -80,18 +92,14 @@ def recompute_input(setup: TrainingSetup, capacity_bytes: float, cache: PricingC
     for count in counts:
         starts.append(start)
         start += count
+    probe = _Probe(setup, cache)
     for s, (dense, moe) in enumerate(kinds):
-        chunks = range(s, len(counts), plan.pp)
-        seconds = 0.0
-        for c in chunks:
-            work = chunk_cost(
-                setup, layers=range(starts[c], starts[c] + counts[c]), first=c == 0, last=c == len(counts) - 1,
-                links=group_links(setup, s, cache), layer_cache={}, cache=cache,
-            ).work
-            seconds += work.forward_s + work.backward_input_s + work.backward_weight_s
-        stage_s.append(seconds)
+        stage_s.append(sum(
+            probe.seconds(range(starts[c], starts[c] + counts[c]), first=c == 0, last=c == len(counts) - 1)
+            for c in range(s, len(counts), plan.pp)
+        ))
         layer = starts[s]  # the stage's first layer: the block method recomputes the first ones
-        extra_s.append(_chunk_s(setup, layer, recomputed=1, cache=cache) - _chunk_s(setup, layer, cache=cache))
+        extra_s.append(probe.layer_s(layer, recomputed=1) - probe.layer_s(layer))
         m0 = _stage_bytes(setup, s, dense, moe, 0)
         if stage_layers[s] >= 2:
             m1, m2 = _stage_bytes(setup, s, dense, moe, 1), _stage_bytes(setup, s, dense, moe, 2)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hardware import units
-from search.toml_writer import dumps_toml
+from sim.toml_writer import dumps as dumps_toml
 from search.training_space import Candidate, Context, PLAN_FIELDS, candidate_config
 
 SECONDS_PER_HOUR = 3600.0

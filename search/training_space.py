@@ -32,6 +32,7 @@ AUTO_AXES = ("tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages", "reco
 # [parallel] keys searched only when [search] lists them; otherwise their [parallel] value (or default)
 LISTED_AXES = ("sequence_parallel", "offload", "hsdp", "tp_comm_overlap", "cp_comm")
 AXES = AUTO_AXES + LISTED_AXES
+TRAINING_SEARCH_KEYS = GOAL_KEYS + AXES  # every [search] key of goal = "training" (docs/configuration.md)
 # what the planner decides itself (MILPs) or derives
 DERIVED = ("dp", "layers_per_stage", "recompute_layers")
 OBJECTIVES = ("throughput", "time_to_train", "cost")
@@ -120,7 +121,7 @@ def parse_space(config: Mapping[str, Any]) -> TrainingSpace:
     for key in DERIVED:
         if key in search:
             raise ConfigError(f"[search] {key}: the planner chooses it; remove the key")
-    reject_unknown_keys(search, "search", GOAL_KEYS + AXES)
+    reject_unknown_keys(search, "search", TRAINING_SEARCH_KEYS)
     objective = search.get("objective", "throughput")
     if objective not in OBJECTIVES:
         raise ConfigError(f"[search] objective = {objective!r} must be one of {', '.join(OBJECTIVES)}")

@@ -260,10 +260,15 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
 EMBEDDING_BACKWARD_BYTES_PER_TABLE_ELEMENT = 2.0 + 2.0 + 2.0 + 4.0 + 4.0
 
 
-def embedding_ops(model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float) -> list[Op]:
+def embedding_ops(
+    model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float, vocab_split: int = 1
+) -> list[Op]:
     """Input embedding lookup (vocab-parallel under tp: a masked lookup plus an all-reduce); its
-    backward writes a dense gradient of the rank's vocab shard (see the constant above)."""
-    table = _div(model.vocab, sharding.tp) * model.hidden
+    backward writes a dense gradient of the rank's vocab shard (see the constant above).
+    ``vocab_split`` > 1: the table is also split over that many pipeline stages (vocabulary
+    parallelism, Yeung et al. 2024, arXiv 2411.05288), each looks up its shard and an all-reduce
+    over the pipeline group sums the partial embeddings."""
+    table = _div(model.vocab, sharding.tp * vocab_split) * model.hidden
     ops = [
         Op(
             name="embedding",
@@ -283,6 +288,13 @@ def embedding_ops(model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_pe
                 message_bytes=tokens * model.hidden * bytes_per_element,
             )
         )
+    if vocab_split > 1:
+        ops.append(
+            Op(
+                name="embedding_pp_all_reduce", kind="collective", collective="all_reduce", axis="pp",
+                message_bytes=tokens * model.hidden * bytes_per_element,
+            )
+        )
     return ops
 
 
@@ -297,17 +309,26 @@ CROSS_ENTROPY_BACKWARD_BYTES = 8.0 + 6.0
 
 
 def lm_head_ops(
-    model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float, weight_bytes_per_element: float | None = None, loss: bool = True
+    model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float, weight_bytes_per_element: float | None = None, loss: bool = True,
+    vocab_split: int = 1,
 ) -> list[Op]:
-    """Final norm, vocab-parallel LM head and (in training) the vocab-parallel cross-entropy."""
+    """Final norm, vocab-parallel LM head and (in training) the vocab-parallel cross-entropy.
+    ``vocab_split`` > 1: the vocabulary is also split over that many pipeline stages (Yeung et al.
+    2024): the last transformer stage broadcasts the final hidden states to the pipeline group (its
+    backward reduces their gradients back), each stage computes its shard of the logits and the
+    softmax statistics are all-reduced over the pipeline group too."""
     a = bytes_per_element
     w = a if weight_bytes_per_element is None else weight_bytes_per_element
     tp = sharding.tp
     sp = sharding.sequence_parallel and tp > 1
-    ops: list[Op] = [Op(name="final_norm", kind="memory", bytes_moved=2 * (_div(tokens, tp) if sp else tokens) * model.hidden * a)]
+    ops: list[Op] = []
+    if vocab_split > 1:
+        hidden_bytes = (_div(tokens, tp) if sp else tokens) * model.hidden * a
+        ops.append(Op(name="lm_head_pp_broadcast", kind="collective", collective="broadcast", axis="pp", message_bytes=hidden_bytes))
+    ops.append(Op(name="final_norm", kind="memory", bytes_moved=2 * (_div(tokens, tp) if sp else tokens) * model.hidden * a))
     if sp:
         ops.append(Op(name="lm_head_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=tokens * model.hidden * a))
-    vocab = _div(model.vocab, tp)
+    vocab = _div(model.vocab, tp * vocab_split)
     ops.append(Op(name="lm_head", kind="gemm", m=tokens, n=vocab, k=model.hidden, bytes_per_element=a, weight_bytes_per_element=w))
     if loss:
         elements = tokens * vocab
@@ -322,6 +343,8 @@ def lm_head_ops(
         if tp > 1:
             # three fp32 all-reduces of one value per token: max, sum of exponentials, target logit
             ops.append(Op(name="cross_entropy_all_reduce", kind="collective", collective="all_reduce", axis="tp", message_bytes=3 * tokens * 4.0))
+        if vocab_split > 1:
+            ops.append(Op(name="cross_entropy_pp_all_reduce", kind="collective", collective="all_reduce", axis="pp", message_bytes=3 * tokens * 4.0))
     return ops
 
 

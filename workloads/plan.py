@@ -41,6 +41,8 @@ class ParallelPlan:
     layers_per_stage: tuple[int, ...] = ()  # uneven split; empty = as even as possible
     tp_comm_overlap: bool = False
     offload: str = "none"
+    activation_offload: float = 0.0  # fraction of pending micro-batches' activations kept in host memory
+    vocab_parallel: bool = False  # embedding, LM head and loss split over all pipeline stages (Yeung et al. 2024)
     cp_comm: str = "ring"  # context parallel: K/V passed around a ring (overlapped) or all-gathered (Llama 3)
 
     def __post_init__(self) -> None:
@@ -84,6 +86,8 @@ class ParallelPlan:
                     "parallel.recompute_layers needs recompute = 'none' or 'selective' for the other layers, "
                     "not 'full' (which already recomputes every layer)"
                 )
+        if not (isinstance(self.activation_offload, (int, float)) and 0.0 <= self.activation_offload <= 1.0):
+            raise InvalidPlanError(f"parallel.activation_offload = {self.activation_offload!r} must be a number in 0..1")
         if self.hsdp and self.zero != 3:
             raise InvalidPlanError(f"parallel.hsdp = true needs zero = 3, not {self.zero}")
         if (self.dp * self.cp) % self.ep:

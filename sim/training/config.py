@@ -39,6 +39,8 @@ PARALLEL_KEYS = (
     "dp_comm_overlap",
     "offload",
     "cp_comm",
+    "vocab_parallel",
+    "activation_offload",
     "expert_load_imbalance",
     "overlap_slowdown",
 )
@@ -101,6 +103,13 @@ def _bool(table: Mapping[str, Any], key: str, where: str, default: bool) -> bool
     if not isinstance(value, bool):
         raise ConfigError(f"[{where}] {key} = {value!r} must be true or false")
     return value
+
+
+def _fraction(table: Mapping[str, Any], key: str, where: str) -> float:
+    value = table.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"[{where}] {key} = {value!r} must be a number in 0..1")
+    return float(value)
 
 
 def _float(table: Mapping[str, Any], key: str, where: str, default: float, minimum: float, maximum: float) -> float:
@@ -224,6 +233,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False) if "tp_comm_overlap" in parallel
         else settings["tp_comm_overlap"] and tp > 1 and _bool(parallel, "sequence_parallel", "parallel", False),
         offload=str(parallel.get("offload", "none")),
+        vocab_parallel=_bool(parallel, "vocab_parallel", "parallel", False),
+        activation_offload=_fraction(parallel, "activation_offload", "parallel"),
         cp_comm=str(parallel.get("cp_comm", "ring")),
     )
     validate_plan(model, cluster, job, plan)

@@ -58,7 +58,7 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     )
 
 
-GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate")
+GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate", "pp")
 
 
 def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
@@ -76,6 +76,7 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
         "ep": (base, plan.tp, plan.ep),
         "dp_shard": (base, plan.tp, min(shard, dp_cp)),
         "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
+        "pp": (base - stage * plan.tp * dp_cp, plan.tp * dp_cp, plan.pp),  # the stage's rank across stages
     }
 
 
@@ -377,16 +378,18 @@ def price_layer(
 
 
 def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list[Op], list[Op], list[Op]]]:
-    """F, B, W ops of the embedding (first chunk) and LM head + loss (last chunk)."""
+    """F, B, W ops of the embedding (first chunk) and LM head + loss (last chunk); with
+    ``vocab_parallel`` every stage runs a 1/pp vocabulary shard of both (``chunk_ends``)."""
     model, job, plan = setup.model, setup.job, setup.plan
     tokens = job.micro_batch * job.seq_len // plan.cp
     act = bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
     sharding = _sharding(setup)
+    split = plan.pp if plan.vocab_parallel else 1
     ends = []
     if first:
-        ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
+        ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split))
     if last:
-        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act))
+        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split))
     out = []
     for forward in ends:
         if job.precision == "fp8":
@@ -395,6 +398,24 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
         b_ops, w_ops = backward_ops(forward)
         out.append((forward, b_ops, accumulate_main_grads(setup, w_ops)))
     return out
+
+
+# GPUs that share one PCIe switch and its x16 uplink to host memory on an 8-GPU HGX/DGX baseboard
+# (DGX A100 and DGX H100 system topologies: four PCIe switches, two GPUs each); every pipeline stage
+# offloads at once, so each GPU gets half the uplink.
+GPUS_PER_PCIE_SWITCH = 2
+
+
+def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chunk_s: float) -> float:
+    """Stall per micro-batch of a chunk that offloads ``offloaded_bytes`` of its activations to host
+    memory after F and reloads them before B (PipeOffload, Wan et al. 2025, arXiv 2503.01328): the
+    copies run on the copy engines during the stage's other work, one each way per micro-batch and
+    ``chunk_s`` of compute per micro-batch to hide them, over the GPU's share of its PCIe switch's
+    uplink; whatever does not fit stalls the backward."""
+    node = setup.cluster.node
+    share = min(GPUS_PER_PCIE_SWITCH, node.gpus_per_node)
+    seconds = max(offloaded_bytes / (node.host_to_device_Bps / share), offloaded_bytes / (node.device_to_host_Bps / share))
+    return max(0.0, seconds - chunk_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -437,6 +458,20 @@ def chunk_cost(
             _add(exposed, pass_cost.exposed_comm_s)
             flops += pass_cost.flops
             recompute_flops += pass_cost.recompute_flops
+    # Vocabulary parallelism's pipeline-group collectives run on their own stream beside the chunk's
+    # transformer layers (Yeung et al. 2024, arXiv 2411.05288, Sec. 4: the output-layer all-reduces
+    # are overlapped with the layers' computation): per pass, they hide behind the layers' compute,
+    # which runs slower by ``overlap_slowdown`` meanwhile; the rest stays exposed
+    hidden_pp = [0.0, 0.0, 0.0]
+    if plan.vocab_parallel and (first or last):
+        slowdown = setup.overlap_slowdown - 1.0
+        layer_costs = costs[: len(layers)]
+        for k, name in enumerate(("forward", "backward_input", "backward_weight")):
+            comm = sum(getattr(c, name).exposed_comm_s.get("pp", 0.0) for c in costs[len(layers):])
+            room = sum(getattr(c, name).compute_s for c in layer_costs)
+            hidden = min(comm, room)
+            hidden_pp[k] = hidden - hidden * slowdown
+            exposed["pp"] = exposed.get("pp", 0.0) - hidden
     tokens = job.micro_batch * job.seq_len // plan.cp
     send = tokens * model.hidden * bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
     if plan.tp > 1:
@@ -447,13 +482,19 @@ def chunk_cost(
         model, plan, job, moe=model.is_moe, flash_attention=setup.attention_kernel == "flash", dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
+    activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
+    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0],
+              sum(c.backward_input.total_s for c in costs) - hidden_pp[1],
+              sum(c.backward_weight.total_s for c in costs) - hidden_pp[2]]
+    if plan.activation_offload:
+        passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))
     work = ChunkWork(
-        forward_s=sum(c.forward.total_s for c in costs),
-        backward_input_s=sum(c.backward_input.total_s for c in costs),
-        backward_weight_s=sum(c.backward_weight.total_s for c in costs),
+        forward_s=passes[0],
+        backward_input_s=passes[1],
+        backward_weight_s=passes[2],
         exposed_comm_s=exposed,
         recompute_s=sum(c.recompute_s for c in costs),
-        activation_bytes=(len(layers) - recomputed) * per_layer_activation + recomputed * parts[2],
+        activation_bytes=activation_bytes,
         send_bytes=send,
         layers=len(layers),
     )

@@ -13,7 +13,7 @@ from sim.training.config import TrainingSetup
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import CommWork
 from workloads.graph import Op
-from sim.training.schedules import plan_layer_counts, plan_placement
+from sim.training.schedules import chunk_ends, plan_layer_counts, plan_placement
 from workloads.plan import chunk_recompute_counts
 
 # Enum members looked up once (attribute access on an Enum class is slow in a search loop)
@@ -59,13 +59,14 @@ def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], 
     counts = plan_layer_counts(model.layers, plan)
     place = plan_placement(plan)
     recomputed = chunk_recompute_counts(model.layers, plan, place)
+    ends = chunk_ends(plan)
     dense_layers = model.dense_layers if model.is_moe else model.layers
     last_chunk = len(counts) - 1
     signatures: list[list[ChunkSignature]] = [[] for _ in range(plan.pp)]
     start = 0
     for chunk, count in enumerate(counts):
         dense = min(max(dense_layers - start, 0), count)
-        signatures[place[chunk]].append((dense, count, chunk == 0, chunk == last_chunk, recomputed[chunk]))
+        signatures[place[chunk]].append((dense, count, *ends[chunk], recomputed[chunk]))
         start += count
     return tuple(tuple(stage) for stage in signatures)
 
@@ -87,10 +88,14 @@ def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, 
                 else:
                     per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
             params += per_layer[moe]
-    table = model.vocab * model.hidden / plan.tp
-    if any(chunk[2] for chunk in signature):
+    split = plan.pp if plan.vocab_parallel else 1
+    table = model.vocab * model.hidden / (plan.tp * split)
+    first, last = any(chunk[2] for chunk in signature), any(chunk[3] for chunk in signature)
+    if first:
         params += table
-    if any(chunk[3] for chunk in signature) and (not model.tied_embeddings or plan.pp > 1):
+    # a tied LM head is a second copy on another stage when pp > 1 (as Megatron keeps it), one
+    # table when both ends share the stage (pp = 1, a V, or a vocabulary shard on every stage)
+    if last and (not model.tied_embeddings or not first):
         params += table
     return params
 

@@ -23,7 +23,7 @@ from sim.training.data_parallel import (
 from sim.training.memory import memory_per_stage, stage_memory_classes
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import PipelineWork, StageWork
-from sim.training.schedules import placement_kind, plan_layer_counts, plan_placement
+from sim.training.schedules import chunk_ends, placement_kind, plan_layer_counts, plan_placement
 from workloads.plan import ParallelPlan, TrainingJob
 
 _DURATION = attrgetter("duration_s")
@@ -105,7 +105,8 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     ids = cache.spec_ids(setup.model, setup.cluster)
     chunk_context = cache.intern((
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
-        setup.overlap_slowdown, _chunk_plan_values(plan), setup.main_grad_accumulation, setup.grad_reduce_dtype,
+        setup.overlap_slowdown, _chunk_plan_values(plan), plan.pp if plan.vocab_parallel else 0,
+        setup.main_grad_accumulation, setup.grad_reduce_dtype,
         setup.fp8_recipe,
     ))
     setup_context = cache.intern(
@@ -154,7 +155,7 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     cluster_id = keys.cluster if keys is not None else cache.cluster_id(setup.cluster)
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
-        plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.layers_per_stage, plan.recompute_layers,
+        plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.vocab_parallel, plan.layers_per_stage, plan.recompute_layers,
         plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
@@ -164,6 +165,7 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
     plan = setup.plan
     counts = plan_layer_counts(setup.model.layers, plan)
     place = plan_placement(plan)
+    ends = chunk_ends(plan)
     starts = [sum(counts[:c]) for c in range(len(counts))]
     num_chunks = len(counts)
     classes: dict[tuple[Any, ...], int] = {}
@@ -177,7 +179,7 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
             links_list.append(links)
             links_keys.append(links_key)
             chunk_ranges.append(tuple(
-                (range(starts[chunk], starts[chunk] + counts[chunk]), chunk == 0, chunk == num_chunks - 1)
+                (range(starts[chunk], starts[chunk] + counts[chunk]), *ends[chunk])
                 for chunk in range(num_chunks)
                 if place[chunk] == stage
             ))
@@ -273,7 +275,7 @@ def _class_data_parallel(
     for signature, links, links_key in zip(layout.signatures, layout.links, layout.links_keys):
         params = cache.memo(
             "parameters",
-            (keys.model, plan.tp, plan.ep, plan.pp > 1, signature),
+            (keys.model, plan.tp, plan.ep, plan.pp if plan.vocab_parallel else plan.pp > 1, signature),
             lambda: signature_parameters(setup, signature),
         )
         out.append(cache.memo(

@@ -34,7 +34,7 @@ from sim.training.activations import (
     stored_activation_bytes,
 )
 from workloads.model import ModelSpec
-from sim.training.schedules import plan_layer_counts, plan_placement, plan_profile
+from sim.training.schedules import plan_layer_counts, plan_placement, plan_profile, stage_ends
 from workloads.plan import ParallelPlan, TrainingJob
 
 # ---- byte sizes and fixed reserves: the one place for memory constants --------------------------
@@ -174,9 +174,14 @@ class StageMemoryClass(NamedTuple):
     stored_bytes_per_microbatch: float  # transformer-layer activations of one in-flight micro-batch
     first_stage_tokens: float  # s b / cp on the first stage (token ids and embedding mask), else 0
     first_stage_bytes_per_token: float  # token id + embedding dropout mask bytes per token
+    offload_fraction: float = 0.0  # parallel.activation_offload
 
     def activations_bytes(self, inflight: float) -> float:
-        """Stored activations with ``inflight`` micro-batches in flight."""
+        """Stored activations with ``inflight`` micro-batches in flight; with activation offload a
+        fraction ``offload_fraction`` of every pending micro-batch's activations but the one in use
+        sits in host memory (PipeOffload, Wan et al. 2025, arXiv 2503.01328)."""
+        if self.offload_fraction:
+            inflight = min(inflight, 1.0) + max(inflight - 1.0, 0.0) * (1.0 - self.offload_fraction)
         activations = inflight * self.stored_bytes_per_microbatch
         if self.first_stage_tokens:
             activations += inflight * self.first_stage_tokens * self.first_stage_bytes_per_token
@@ -245,13 +250,14 @@ def stage_memory_terms(
             p = _layer_params(model, plan, moe)
             dense, expert, matmul = dense + count * p.dense, expert + count * p.expert, matmul + count * p.matmul
             largest_layer = max(largest_layer, p.dense + p.expert)
-    table = model.vocab * model.hidden / t  # vocab-parallel embedding / LM head
+    split = plan.pp if plan.vocab_parallel else 1  # vocabulary parallelism: a 1/pp shard on every stage
+    table = model.vocab * model.hidden / (t * split)  # vocab-parallel embedding / LM head
     if first:
         dense += table + (model.max_seq_len * model.hidden if model.position == "learned" else 0)
         largest_layer = max(largest_layer, table)
     if last:
         dense += model.norm_parameters()
-        if not model.tied_embeddings or plan.pp > 1:
+        if not model.tied_embeddings or not first:  # a tied head on another stage is a second copy
             dense += table
             largest_layer = max(largest_layer, table)
 
@@ -293,7 +299,7 @@ def stage_memory_terms(
     logits = 0.0
     if last:
         live = plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight
-        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab) / t
+        logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab / split) / t
     return StageMemoryTerms(
         dense, expert, matmul, largest_layer, stored_per_microbatch, tokens if first else 0.0, first_bytes_per_token,
         recompute_working, logits,
@@ -367,6 +373,7 @@ def stage_memory_class(
         stored_bytes_per_microbatch=terms.stored_bytes_per_microbatch,
         first_stage_tokens=terms.first_stage_tokens,
         first_stage_bytes_per_token=terms.first_stage_bytes_per_token,
+        offload_fraction=plan.activation_offload,
     )
 
 
@@ -397,10 +404,10 @@ def stage_memory(
     if not 0 <= stage < plan.pp:
         raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
     dense_layers, moe_layers = stage_layer_kinds(model, plan)[stage]
-    place = plan_placement(plan)
+    first, last = stage_ends(plan)[stage]
     kind = stage_memory_class(
-        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=stage == place[0],
-        last=stage == place[-1], recomputed_layers=stage_recompute_counts(model, plan)[stage],
+        model, plan, job, dense_layers=dense_layers, moe_layers=moe_layers, first=first,
+        last=last, recomputed_layers=stage_recompute_counts(model, plan)[stage],
         flash_attention=flash_attention, dropout=dropout, gpus_per_node=gpus_per_node,
     )
     inflight = inflight_microbatches(plan, job.num_microbatches(plan.dp), stage)
@@ -416,11 +423,10 @@ def stage_memory_classes(model: ModelSpec, plan: ParallelPlan) -> tuple[tuple[Me
     in-flight micro-batches."""
     keys: dict[MemoryKind, int] = {}
     stage_class = []
-    place = plan_placement(plan)
-    first_stage, last_stage = place[0], place[-1]
+    ends = stage_ends(plan)
     recomputed = stage_recompute_counts(model, plan)
     for stage, (dense, moe) in enumerate(stage_layer_kinds(model, plan)):
-        key = (dense, moe, stage == first_stage, stage == last_stage, recomputed[stage])
+        key = (dense, moe, *ends[stage], recomputed[stage])
         stage_class.append(keys.setdefault(key, len(keys)))
     return tuple(keys), tuple(stage_class)
 

@@ -660,3 +660,26 @@ def plan_layer_counts(num_layers: int, plan: Any) -> tuple[int, ...]:
 def plan_profile(plan: Any, num_microbatches: int) -> ProgramProfile:
     """``program_profile`` of a ``ParallelPlan``'s schedule."""
     return program_profile(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)
+
+
+def chunk_ends(plan: Any) -> tuple[tuple[bool, bool], ...]:
+    """(holds the embedding, holds the LM head and loss) of every global chunk: the first and the
+    last chunk in model order, or with ``plan.vocab_parallel`` a 1/pp vocabulary shard of both on
+    every stage, carried by its first and its last local chunk."""
+    place = plan_placement(plan)
+    chunks = len(place)
+    if not plan.vocab_parallel or plan.pp == 1:
+        return tuple((g == 0, g == chunks - 1) for g in range(chunks))
+    first_local = {s: place.index(s) for s in range(plan.pp)}
+    last_local = {s: chunks - 1 - place[::-1].index(s) for s in range(plan.pp)}
+    return tuple((first_local[place[g]] == g, last_local[place[g]] == g) for g in range(chunks))
+
+
+def stage_ends(plan: Any) -> tuple[tuple[bool, bool], ...]:
+    """``chunk_ends`` per stage: (holds an embedding share, holds an LM-head share)."""
+    place = plan_placement(plan)
+    ends = chunk_ends(plan)
+    return tuple(
+        (any(ends[g][0] for g in range(len(place)) if place[g] == s), any(ends[g][1] for g in range(len(place)) if place[g] == s))
+        for s in range(plan.pp)
+    )

@@ -115,3 +115,16 @@ def test_unservable_ttft_exits_1_naming_the_prefill_time(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sim", "search", str(path)], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 1
     assert "slo.ttft_s = 0.01 s is below the prefill time of the median prompt" in out.stdout
+
+
+def test_goodput_within_budget_sheds_what_the_budget_cannot_buy():
+    config = json.loads(json.dumps(SMALL))
+    config["search"].update(objective="goodput", budget_per_hour=4.5, target_rate_per_s=60.0, gpus=["h100-sxm-80gb"],
+                            capacity_requests=60, fleet_requests=120)
+    config["search"].pop("prices_per_hour")
+    result = search_fleet(config, SearchOptions())
+    fleet, m = result.best.fleet, result.best.metrics
+    assert fleet.cost_per_hour <= 4.5 and fleet.gpus_by_type() == {"h100-sxm-80gb": 1}  # $4.25 per H100-hour
+    assert 0 < fleet.served_rate_per_s < 60.0
+    assert m["shed_requests"] > 0 and m["admitted_slo_attainment"] >= 0.9 and result.feasible
+    assert m["slo_attainment"] == pytest.approx(m["admitted_slo_attainment"] * (1 - m["shed_requests"] / 120))
