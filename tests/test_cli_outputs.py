@@ -71,8 +71,8 @@ def test_catalog_show_says_not_set(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "catalog", "show", "t4")
     assert code == 0 and not re.search(r"\sNone$|\s0 GB/s", out, re.M)
     assert re.search(r"l2_bandwidth_Bps\s+not set", out) and re.search(r"efficiency.gemm_memory\s+not set", out)
-    code, out, _ = run(capsys, "catalog", "show", "h100-sxm-80gb")
-    assert re.search(r"l2_bandwidth_Bps\s+9770 GB/s", out)
+    code, out, _ = run(capsys, "catalog", "show", "h100-pcie-80gb")
+    assert re.search(r"l2_bandwidth_Bps\s+6900 GB/s", out)
 
 
 def test_training_sweep_table_has_one_format_per_column(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -133,3 +133,18 @@ def test_fp8_mfu_names_its_peak(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "(of the fp8 dense peak, 1,979 TFLOP/s)" in out
     code, out, _ = run(capsys, "simulate", ROOT / "examples" / "train-fp8-h100.toml", "--fidelity", "analytic", "--format", "json")
     assert json.loads(out)["mfu_peak_precision"] == "fp8"
+
+
+def test_disaggregated_example_shows_the_distserve_claim(capsys: pytest.CaptureFixture[str]) -> None:
+    """Long prompts under a tight TPOT: the same 8 GPUs meet the SLO disaggregated, not colocated."""
+    example = ROOT / "examples" / "serve-disaggregated-h100.toml"
+    base = ("--set", "workload.num_requests=200", "--format", "json")
+    _, out, _ = run(capsys, "simulate", example, *base)
+    split = json.loads(out)
+    _, out, _ = run(capsys, "simulate", example, *base, "--set", 'serving.scheduler="vllm"', "--set", "serving.tp=2",
+                    "--set", "serving.replicas=4")
+    colocated = json.loads(out)
+    assert split["num_gpus"] == colocated["num_gpus"] == 8
+    assert split["slo_attainment"] >= 0.95 and colocated["slo_attainment"] <= 0.6
+    assert split["tpot_s"]["p90"] < 0.0105 < colocated["tpot_s"]["p90"]
+    assert split["goodput_requests_per_s"] > 1.5 * colocated["goodput_requests_per_s"]
