@@ -1,6 +1,6 @@
 """Write a config (nested dicts of TOML scalars, lists and tables) as TOML text that
 ``tomllib.loads`` reads back to the same dict: ``llmsim validate -v`` prints each row's config with it
-so a user can re-run the row with ``llmsim simulate``."""
+so a user can re-run the row with ``llmsim simulate``, and the planners write best.toml with it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _value(value: Any) -> str:
         return str(value)
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
-            raise ValueError(f"TOML cannot hold {value!r}")
+            return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string literal is a valid TOML basic string

@@ -23,7 +23,7 @@ LOGIT_BYTES = 4.0
 class ReplicaMemory:
     """Per-GPU bytes of a replica and the KV capacity they leave."""
 
-    budget_bytes: float  # hbm x gpu_memory_utilization
+    budget_bytes: float  # memory the engine may use: hbm x gpu_memory_utilization (vLLM) or all of it (TensorRT-LLM)
     weights_bytes: float
     workspace_bytes: float
     comm_bytes: float
@@ -98,14 +98,23 @@ def workspace_bytes_per_gpu(shape: ReplicaShape, max_batched_tokens: int, max_nu
 
 
 def replica_memory(
-    shape: ReplicaShape, *, gpu_memory_utilization: float, block_size: int, max_batched_tokens: int, max_num_seqs: int
+    shape: ReplicaShape, *, gpu_memory_utilization: float, block_size: int, max_batched_tokens: int, max_num_seqs: int,
+    kv_cache_memory: str = "total_fraction",
 ) -> ReplicaMemory:
-    """The memory plan of one replica GPU (the most loaded one: the first pipeline stage)."""
-    budget = shape.cluster.gpu.hbm_capacity_bytes * gpu_memory_utilization
+    """The memory plan of one replica GPU (the most loaded one: the first pipeline stage).
+    ``kv_cache_memory``: "total_fraction" (vLLM) budgets ``gpu_memory_utilization`` of the whole GPU
+    and gives KV what weights, workspace and buffers leave of it; "free_fraction" (TensorRT-LLM's
+    free_gpu_memory_fraction) gives KV that fraction of what they leave of the whole GPU."""
+    capacity = shape.cluster.gpu.hbm_capacity_bytes
     weights = weights_bytes_per_gpu(shape)
     workspace = workspace_bytes_per_gpu(shape, max_batched_tokens, max_num_seqs)
     comm = NCCL_BUFFER_BYTES if shape.num_gpus > 1 else 0.0
-    kv = budget - weights - workspace - comm
+    if kv_cache_memory == "free_fraction":
+        budget = capacity
+        kv = (capacity - weights - workspace - comm) * gpu_memory_utilization
+    else:
+        budget = capacity * gpu_memory_utilization
+        kv = budget - weights - workspace - comm
     per_token = kv_bytes_per_token_per_gpu(shape)
     blocks = shape.ep * max(0, int(kv // (block_size * per_token))) if kv > 0 else 0
     return ReplicaMemory(

@@ -29,7 +29,7 @@ SERVING_KEYS = (
     "tp", "pp", "ep", "scheduler", "weight_precision", "kv_precision", "max_num_seqs", "max_batched_tokens",
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
-    "max_model_len", "disaggregated", "speculative", "framework", "decode_attention",
+    "max_model_len", "disaggregated", "speculative", "framework", "decode_attention", "kv_cache_memory",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -95,6 +95,9 @@ class ServingSpec:
     max_model_len: int | None = None  # None: the model's max_seq_len
     framework: str = "vllm"  # the software-stack profile (sim/stacks/serving/)
     decode_attention: str = "shared_kv"  # the stack's decode-attention kernel rule (see sim.serving.stepcost)
+    # what gpu_memory_utilization is a fraction of: "total_fraction" (vLLM: the whole GPU; KV gets the
+    # rest after weights) | "free_fraction" (TensorRT-LLM: the memory left free after weights)
+    kv_cache_memory: str = "total_fraction"
     disaggregated: DisaggregatedSpec | None = None
     speculative: SpeculativeSpec | None = None
     compute_precision: str | None = None  # 16-bit activation format when the GPU forces one (no bf16)
@@ -153,6 +156,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     spec: dict[str, Any] = dict(
         framework=stack.name,
         decode_attention=settings["decode_attention"],
+        kv_cache_memory=settings["kv_cache_memory"],
         tp=_int(table, "tp", w, 1),
         pp=_int(table, "pp", w, 1),
         ep=_int(table, "ep", w, 1),

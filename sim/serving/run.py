@@ -146,7 +146,7 @@ def build_system(
         memory = replica_memory(
             shape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
             max_batched_tokens=spec.chunk_size if spec.scheduler == "sarathi" else spec.max_batched_tokens,
-            max_num_seqs=spec.max_num_seqs,
+            max_num_seqs=spec.max_num_seqs, kv_cache_memory=spec.kv_cache_memory,
         )
         overhead = spec.speculative.draft_free_overhead if spec.speculative else 0.0
         cost = StepCostModel(

@@ -41,6 +41,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "step_overhead_us": ("serving", float),
         "request_overhead_us": ("serving", float),
         "decode_attention": ("serving", ("shared_kv", "per_query_head", "xqa")),
+        "kv_cache_memory": ("serving", ("total_fraction", "free_fraction")),
     },
 }
 

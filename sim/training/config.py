@@ -12,6 +12,7 @@ from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, sect
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.stacks import resolve_settings
+from sim.training.goodput import CheckpointSpec, FailureSpec, parse_checkpoint, parse_failures
 from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
@@ -19,7 +20,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "checkpoint", "failures",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -81,6 +82,8 @@ class TrainingSetup:
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
     fp8_recipe: str = "delayed"
+    checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
+    failures: FailureSpec | None = None  # [training.failures]
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -161,6 +164,9 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     model = resolve_model(config, default_max_seq_len=seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None)
     parallel = section(config, "parallel", required=False)
     reject_unknown_keys(training, "training", TRAINING_KEYS)
+    checkpoint, failures = parse_checkpoint(training.get("checkpoint")), parse_failures(training.get("failures"))
+    if failures is not None and checkpoint is None:
+        raise ConfigError("[training.failures] needs [training.checkpoint] (interval_s, storage_Bps_per_node): without checkpoints a failure loses the whole run")
     reject_unknown_keys(parallel, "parallel", PARALLEL_KEYS)
     for key in ("seq_len", "global_batch"):
         if key not in training:
@@ -256,6 +262,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         grad_reduce_dtype=grad_reduce,
         main_grad_accumulation=settings["main_grad_accumulation"],
         fp8_recipe=settings["fp8_recipe"],
+        checkpoint=checkpoint,
+        failures=failures,
     )
 
 

@@ -30,7 +30,7 @@ from sim.training.memory import (
 )
 from sim.training.pricing_cache import PricingCache
 from sim.training.schedules import plan_profile
-from sim.training.run import model_flops_per_iteration, training_metrics
+from sim.training.run import model_flops_per_iteration, training_metrics, with_goodput
 from workloads.plan import ParallelPlan
 
 # ParallelPlan fields a stage memory class does not depend on beyond its (dense, MoE, first, last,
@@ -148,4 +148,4 @@ def estimate_training(setup: TrainingSetup, cache: PricingCache | None = None) -
     out = dict(metrics)
     for key in _NESTED_METRICS:
         out[key] = dict(out[key])
-    return out
+    return with_goodput(setup, out)  # outside the memo: checkpoint and failure tables are not in its key

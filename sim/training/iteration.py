@@ -98,6 +98,11 @@ _dp_plan_values = attrgetter(*_DP_PLAN_FIELDS)
 _dp_job_values = attrgetter(*_DP_JOB_FIELDS)
 
 
+# TrainingSetup fields no memoized result depends on: the goodput fields are computed from the
+# memoized metrics afterwards (``sim.training.run.with_goodput``), so they stay out of every key.
+SETUP_FIELDS_AFTER_MEMO = ("checkpoint", "failures")
+
+
 def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     """The interned keys of ``setup``: chunk context, whole setup and data-parallel context (with
     the model and cluster ids they are built from); between them they name every setup field."""

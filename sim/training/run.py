@@ -16,6 +16,7 @@ from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.training.analytic import PipelineEstimate, analytic_iteration
 from sim.training.config import TrainingSetup, parse_training
+from sim.training.goodput import goodput_metrics
 from sim.training.costs import attention_sequences, group_links, layer_passes
 from sim.training.iteration import IterationWork, build_iteration
 from sim.training.memory import MemoryBreakdown, memory_per_stage
@@ -45,6 +46,12 @@ def model_flops_per_iteration(setup: TrainingSetup) -> float:
     per_microbatch_rank = cost.attention_flops(sequences, heads=model.heads, head_dim=qk, causal=causal, v_head_dim=v)
     attention = model.layers * per_microbatch_rank * plan.cp * (job.global_batch / job.micro_batch)
     return 3.0 * (matmul + attention)
+
+
+def with_goodput(setup: TrainingSetup, metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` plus the checkpoint / failure fields (``sim.training.goodput``) when configured."""
+    metrics.update(goodput_metrics(setup, metrics))
+    return metrics
 
 
 def training_metrics(
@@ -99,6 +106,24 @@ def training_metrics(
     }
 
 
+def _goodput_lines(m: dict[str, Any]) -> list[str]:
+    """Table lines of the checkpoint / failure metrics that are present."""
+    lines = []
+    if "checkpoint_stall_s" in m:
+        lines.append(
+            f"checkpoint            {m['checkpoint_bytes'] / units.GB:,.1f} GB, stall {m['checkpoint_stall_s']:.2f} s each "
+            f"({m['checkpoint_stall_s_per_iteration']:.4f} s per iteration)"
+        )
+    if "job_mtbf_s" in m:
+        lines.append(
+            f"failures              job MTBF {m['job_mtbf_s'] / 3600:.2f} h, lost per failure {m['expected_lost_work_s']:.0f} s, "
+            f"optimal interval {m['optimal_checkpoint_interval_s']:.0f} s (Young/Daly)"
+        )
+    if "goodput_tokens_per_s" in m:
+        lines.append(f"goodput               {m['goodput_tokens_per_s']:,.0f} tokens/s ({m['goodput_tokens_per_s'] / m['tokens_per_s']:.1%} of throughput)")
+    return lines
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingResult:
     setup: TrainingSetup
@@ -111,13 +136,13 @@ class TrainingResult:
 
     # ---- metrics -----------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
-        return training_metrics(
+        return with_goodput(self.setup, training_metrics(
             self.setup,
             self.estimate,
             self.memory,
             recompute_flops_per_replica=self.work.recompute_flops_per_replica,
             fidelity=self.fidelity,
-        )
+        ))
 
     def sweep_metrics(self) -> list[str]:
         return ["iteration_time_s", "mfu", "bubble_fraction", "peak_memory_bytes"]
@@ -151,6 +176,7 @@ class TrainingResult:
             f"(of the {setup.job.precision} dense peak, {setup.cluster.gpu.peak(setup.job.precision) / units.TFLOPS:,.0f} TFLOP/s){tag}",
             f"bubble fraction       {m['bubble_fraction']:.1%}",
             "exposed comm (s)      " + "  ".join(f"{a} {m['exposed_communication_s'][a]:.4f}" for a in AXES),
+            *_goodput_lines(m),
             "",
             "memory per GPU (GiB)  stage  weights  grads  optim  activ  other  total / capacity",
             "  (other: NCCL buffers, cuBLAS workspace, CUDA context and allocator reserve, logits, recompute and gather buffers)",

@@ -177,3 +177,40 @@ def test_fp8_speedup_matches_the_transformer_engine_readme_pair() -> None:
         return simulate_training(config, RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
 
     assert seconds("bf16") / seconds("fp8") == pytest.approx(24.7 / 16.1, rel=0.10)
+
+
+def test_toml_writer_round_trips_configs() -> None:
+    import math
+    import tomllib
+
+    from sim.toml_writer import dumps
+
+    config = {"model": {"name": "x", "hidden": 3}, "training": {"seq_len": 2048, "lr": 1.5e-4, "b": True, "l": [1, 2]},
+              "serving": {"speculative": {"acceptance_rate": 0.5}, "router": "a \"quoted\" name"}}
+    assert tomllib.loads(dumps(config)) == config
+    assert math.isinf(tomllib.loads(dumps({"t": {"x": float("inf")}}))["t"]["x"])
+
+
+def test_kv_cache_memory_rule_of_the_stack() -> None:
+    # vLLM: gpu_memory_utilization of the whole GPU, KV gets the rest; TensorRT-LLM: that fraction
+    # of what the weights leave free
+    from hardware.catalog import get_gpu, get_network, get_node
+    from hardware.topology import build_cluster
+    from sim.serving.capacity import replica_memory
+    from sim.serving.stepcost import ReplicaShape
+    from workloads.catalog import get_model
+
+    gpu = get_gpu("h100-sxm-80gb")
+    node = get_node(gpu.default_node)
+    shape = ReplicaShape(model=get_model("llama3-70b"), cluster=build_cluster(gpu, node, get_network(node.default_network), 2),
+                         tp=2, weight_precision="fp16", kv_precision="fp16", activation_precision="fp16")
+    args = dict(gpu_memory_utilization=0.9, block_size=16, max_batched_tokens=8192, max_num_seqs=256)
+    vllm = replica_memory(shape, **args)
+    trt = replica_memory(shape, kv_cache_memory="free_fraction", **args)
+    left = gpu.hbm_capacity_bytes - vllm.weights_bytes - vllm.workspace_bytes - vllm.comm_bytes
+    assert vllm.kv_bytes == pytest.approx(left - 0.1 * gpu.hbm_capacity_bytes)
+    assert trt.kv_bytes == pytest.approx(0.9 * left)
+    from sim.serving.config import parse_serving
+
+    assert parse_serving({"framework": "trtllm"}).kv_cache_memory == "free_fraction"
+    assert parse_serving({}).kv_cache_memory == "total_fraction"
