@@ -7,12 +7,14 @@ the one place they are converted to SI. Unknown keys, missing keys and duplicate
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from hardware import units
+from hardware.calibration import shipped_profile
 from hardware.errors import CatalogError
 from hardware.specs import (
     EfficiencySpec,
@@ -128,7 +130,9 @@ def _gpu(t: _Table) -> GpuSpec:
         architecture=t.take("architecture", str, default=None),
     )
     t.done()
-    return spec
+    # The calibration profile fitted from public measurements for this GPU, if one ships
+    # (hardware/calibration_profiles/<name>.toml); read on first use.
+    return dataclasses.replace(spec, calibration=shipped_profile(spec.name))
 
 
 def _node(t: _Table) -> NodeSpec:
@@ -247,6 +251,11 @@ def get_gpu(name: str) -> GpuSpec:
 
 def get_node(name: str) -> NodeSpec:
     return _lookup("node", default_catalog().nodes, name)
+
+
+def analytic_gpu(name: str) -> GpuSpec:
+    """The catalog GPU without its calibration profile: the analytic defaults alone."""
+    return dataclasses.replace(get_gpu(name), calibration=None)
 
 
 def get_network(name: str) -> NetworkSpec:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from typing import Any
 
 from hardware import units
 
@@ -150,6 +151,9 @@ class GroupLinks:
     nvls_efficiency: float = 1.0  # NVLS all-reduce algorithm bandwidth / intra link rate
     intra_fabric: str = "nvswitch"  # selects NCCL's PCI or NVLink per-step latencies
     launch_overhead_s: float = COLLECTIVE_LAUNCH_OVERHEAD_S
+    # The GPU's calibration profile (``hardware.calibration``) when the group lies inside one node;
+    # its measured curve for (collective, size) replaces the model's kernel time in coverage.
+    calibration: Any = None
 
 
 def bus_factor(kind: Collective, num_ranks: int) -> float:
@@ -383,17 +387,30 @@ def default_algorithm(kind: Collective, message_bytes: float, links: GroupLinks)
     return min(candidates, key=lambda a: _time_s(kind, message_bytes, links, a))
 
 
+def calibrated_collective_s(kind: Collective, message_bytes: float, links: GroupLinks) -> float | None:
+    """Measured kernel seconds of this collective from the group's calibration profile (a group inside
+    one node, a measured group size, a message size inside the measured range), else None."""
+    calibration = links.calibration
+    if calibration is None or links.num_nodes != 1:
+        return None
+    return calibration.collective_s(str(kind), links.size, message_bytes)
+
+
 def collective_time_s(
     kind: Collective, message_bytes: float, links: GroupLinks, algorithm: Algorithm | None = None
 ) -> float:
     """Seconds for one collective of ``message_bytes`` (the full buffer for all-reduce, the gathered
     output for all-gather, the input for reduce-scatter, the per-rank send buffer for all-to-all)
-    with ``algorithm`` (default: ``default_algorithm``). Zero for one rank or an empty message;
+    with ``algorithm`` (default: the calibration profile's measured curve in coverage, else
+    ``default_algorithm``). Zero for one rank or an empty message;
     ValueError for an algorithm the group cannot run, naming the allowed ones."""
     kind = _check(kind, message_bytes, links)
     if links.size <= 1 or message_bytes <= 0:
         return 0.0
     if algorithm is None:
+        measured_s = calibrated_collective_s(kind, message_bytes, links)
+        if measured_s is not None:
+            return measured_s + links.launch_overhead_s
         algorithm = default_algorithm(kind, message_bytes, links)
     else:
         algorithm = Algorithm(algorithm)

@@ -82,7 +82,10 @@ ATTENTION_BACKWARD_FLOP_RATIO = 2.5  # FA2 counting: backward = 2.5 x forward FL
 
 
 def launch_overhead_s(gpu: GpuSpec) -> float:
-    """Fixed host-side cost of launching one kernel."""
+    """Fixed host-side cost of launching one kernel (the calibration profile's measurement if any)."""
+    calibration = gpu.calibration
+    if calibration is not None and calibration.launch_overhead_s is not None:
+        return calibration.launch_overhead_s
     return gpu.efficiency.launch_overhead_s
 
 
@@ -100,7 +103,13 @@ def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
     """A memory-bound kernel (elementwise, norm, copy) that reads plus writes ``bytes_moved`` of HBM.
 
     Small kernels are launch- and latency-bound (launch + fill); large ones approach STREAM bandwidth.
+    A calibration profile's measured efficiency at this size (``[memory]``) replaces fill + streaming.
     """
+    calibration = gpu.calibration
+    if calibration is not None and bytes_moved > 0:
+        efficiency = calibration.memory_efficiency(bytes_moved)
+        if efficiency is not None:
+            return bytes_moved / (gpu.hbm_bandwidth_Bps * efficiency) + launch_overhead_s(gpu)
     return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
 
 
@@ -194,11 +203,17 @@ def gemm_time_s(
 ) -> float:
     """``batch`` independent (m x k) @ (k x n) matmuls at ``precision``; operands and output of
     ``bytes_per_element`` each. The fastest split-K plan of max(compute, weight streaming) plus its
-    reduction (see ``_gemm_plan``), plus launch."""
+    reduction (see ``_gemm_plan``), plus launch. Inside a calibration profile's GEMM coverage the
+    kernel seconds are divided by the measured / analytic efficiency ratio at this shape."""
     if bytes_per_element <= 0:
         raise ValueError(f"bytes_per_element = {bytes_per_element} must be > 0")
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element * batch
     kernel_s, _ = _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=bytes_moved)
+    calibration = gpu.calibration
+    if calibration is not None:
+        ratio = calibration.gemm_ratio(precision, m, n, k, batch)
+        if ratio is not None:
+            kernel_s /= ratio
     return kernel_s + launch_overhead_s(gpu)
 
 
@@ -287,7 +302,7 @@ def attention_time_s(
     return attention_time_from_totals_s(
         gpu, computed_keys=computed_keys, query_tokens=q_tokens, key_tokens=kv_tokens, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, precision=precision, bytes_per_element=bytes_per_element,
-        backward=backward, v_head_dim=v_head_dim,
+        backward=backward, v_head_dim=v_head_dim, num_sequences=len(sequences), causal=causal,
     )
 
 
@@ -312,12 +327,16 @@ def attention_time_from_totals_s(
     bytes_per_element: float,
     backward: bool = False,
     v_head_dim: int | None = None,
+    num_sequences: int | None = None,
+    causal: bool = True,
 ) -> float:
     """``attention_time_s`` from the three sums it depends on: keys processed
     (``attention_keys_processed`` summed over the sequences), query tokens and key tokens. A caller
     that keeps these sums incrementally gets the same seconds without a list of sequences; the sums
     are exact in floating point (every term is a multiple of 1/2 below 2^52), so the result is
-    bit-identical to ``attention_time_s`` on the same batch."""
+    bit-identical to ``attention_time_s`` on the same batch. With ``num_sequences`` given and a
+    calibration profile covering the batch (causal forward prefill or decode), the kernel seconds are
+    divided by the profile's measured / analytic efficiency ratio."""
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
     if head_dim < 1:
@@ -342,4 +361,13 @@ def attention_time_from_totals_s(
     bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
         bytes_moved *= 2.0
-    return max(compute_s, hbm_time_s(gpu, bytes_moved)) + launch_overhead_s(gpu)
+    kernel_s = max(compute_s, hbm_time_s(gpu, bytes_moved))
+    calibration = gpu.calibration
+    if calibration is not None and num_sequences is not None:
+        ratio = calibration.attention_ratio(
+            precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens, heads=heads,
+            kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
+        )
+        if ratio is not None:
+            kernel_s /= ratio
+    return kernel_s + launch_overhead_s(gpu)

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from hardware.calibration import CalibrationProfile
 
 from hardware.errors import MissingPrecisionError
 
@@ -85,6 +88,9 @@ class GpuSpec:
     # Microarchitecture family ("ampere", "hopper", ...); selects the GEMM tile/scheduling description
     # in ``hardware.cost``. None: the generic (Ampere-style) description.
     architecture: str | None = None
+    # Measured corrections of the cost model (``hardware.calibration``): the shipped profile of this
+    # GPU, a ``[cluster] calibration`` file, or None for the analytic defaults alone.
+    calibration: CalibrationProfile | None = None
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; raises if the chip has no such format."""

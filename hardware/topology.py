@@ -167,6 +167,7 @@ class Cluster:
             inter_efficiency=self.network.efficiency,
             nvls_efficiency=nvls_efficiency(self.node),
             intra_fabric=self.node.intra_node_fabric,
+            calibration=self.gpu.calibration if num_domains == 1 else None,
         )
 
     def p2p_links(self, src: int, dst: int) -> tuple[float, float]:

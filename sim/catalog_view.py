@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from hardware import units
 from hardware.catalog import default_catalog
 from hardware.errors import CatalogError
+from hardware.calibration import CalibrationProfile, ShippedProfile
 from hardware.specs import GpuSpec, NetworkSpec, NodeSpec
 from workloads.catalog import default_models
 from workloads.model import ModelSpec
@@ -16,7 +17,10 @@ Entry = GpuSpec | NodeSpec | NetworkSpec | ModelSpec
 
 
 def _plain(value: Any) -> Any:
-    """JSON-ready copy: dataclasses and mappings become dicts, tuples become lists."""
+    """JSON-ready copy: dataclasses and mappings become dicts, tuples become lists; a calibration
+    profile becomes its description (file and GPU), not its tables."""
+    if isinstance(value, (CalibrationProfile, ShippedProfile)):
+        return value.describe()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):

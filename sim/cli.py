@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--fidelity", choices=("analytic", "des"), default="des")
     validate.add_argument("-v", "--verbose", action="store_true", help="print each row's config (TOML for `llmsim simulate`)")
     _add_format(validate)
+    from validation.calibration.commands import add_calibrate_parser, add_measurement_arguments
+
+    add_measurement_arguments(validate)
+    add_calibrate_parser(commands, _Parser, _add_format)
     return parser
 
 
@@ -226,6 +230,10 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    if args.measurements:
+        from validation.calibration.commands import cmd_validate_measurements
+
+        return cmd_validate_measurements(args, dumps)
     from validation.published import run_suites
 
     report = run_suites(args.suite, fidelity=args.fidelity)
@@ -236,7 +244,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from validation.calibration.commands import cmd_calibrate
+
+    return cmd_calibrate(args, dumps)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "calibrate": _cmd_calibrate,
     "catalog": _cmd_catalog,
     "simulate": _cmd_simulate,
     "search": _cmd_search,

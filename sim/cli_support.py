@@ -151,6 +151,10 @@ def verbose_report(result: Any, resolved: Mapping[str, Any]) -> None:
             for sub, subtable in table.items():
                 if isinstance(subtable, Mapping):
                     lines.append(f"  [{name}.{sub}] " + "  ".join(f"{k}={v!r}" for k, v in subtable.items()))
+    sources = result.metrics().get("cost_sources")
+    if isinstance(sources, Mapping) and sources:
+        lines.append("cost sources (share of predicted op time): "
+                     + "  ".join(f"{k} {v:.1%}" for k, v in sources.items() if isinstance(v, int | float)))
     if hasattr(result, "op_frame"):
         frame = result.op_frame()
         total = frame["seconds"].sum()
@@ -159,6 +163,11 @@ def verbose_report(result: Any, resolved: Mapping[str, Any]) -> None:
         for row in top.itertuples():
             share = row.seconds / total if total > 0 else 0.0
             lines.append(f"  {row.layer_kind:<5} {row._2} {row.op:<28} {row.kind:<10} {row.seconds * 1e3:10.4f} ms  {share:6.1%}")
+    sources = result.metrics().get("cost_sources") if hasattr(result, "metrics") else None
+    if sources:
+        gpu = result.setup.cluster.gpu if hasattr(result, "setup") else result.system.cluster.gpu
+        profile = gpu.calibration.describe()["file"] if gpu.calibration is not None else "none (analytic defaults)"
+        lines.append("op costs from: " + ", ".join(f"{k} {v:.1%}" for k, v in sources.items()) + f" (calibration profile: {profile})")
     system = getattr(result, "system", None)
     if system is not None:
         gib = 2**30

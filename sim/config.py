@@ -6,12 +6,15 @@ are parsed by ``sim.training`` and ``sim.serving``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
+from hardware.calibration import load_profile
 from hardware.catalog import get_gpu, get_network, get_node
 from hardware.errors import CatalogError
+from hardware.specs import GpuSpec
 from hardware.topology import Cluster, build_cluster
 from sim.errors import ConfigError
 from sim.notices import warn
@@ -139,6 +142,18 @@ MAX_NUM_GPUS = 1_000_000  # the largest clusters built are ~10^5 GPUs; the topol
 CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration")
 
 
+def with_calibration(gpu: GpuSpec, path: Any) -> GpuSpec:
+    """``gpu`` priced with the calibration profile at ``path`` (``[cluster] calibration``; relative
+    paths resolve from the working directory) instead of its shipped profile."""
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"[cluster] calibration = {path!r} must be the path of a profile TOML (llmsim calibrate fit)")
+    try:
+        profile = load_profile(path)
+    except CatalogError as exc:
+        raise ConfigError(f"[cluster] calibration: {exc}") from None
+    return dataclasses.replace(gpu, calibration=profile)
+
+
 def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = None) -> Cluster:
     """``[cluster]``: GPU (catalog name), GPU count, and optionally node and network names."""
     table = section(config, "cluster")
@@ -150,13 +165,10 @@ def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = No
         raise ConfigError(f"[cluster] num_gpus = {num_gpus!r} must be a positive integer")
     if num_gpus > MAX_NUM_GPUS:
         raise ConfigError(f"[cluster] num_gpus = {num_gpus} is past the limit {MAX_NUM_GPUS:,}")
-    if "calibration" in table:
-        raise ConfigError(
-            f"[cluster] calibration = {table['calibration']!r}: calibration profiles are not supported yet; "
-            "remove the key to use the catalog efficiencies"
-        )
     try:
         gpu = get_gpu(str(table["gpu"]))
+        if "calibration" in table:
+            gpu = with_calibration(gpu, table["calibration"])
         node = get_node(str(table.get("node", gpu.default_node)))
         network = get_network(str(table.get("network", node.default_network)))
     except CatalogError as exc:

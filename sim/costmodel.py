@@ -6,11 +6,13 @@ so the analytic model, the DES and the search agree by construction.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from hardware import cost
-from hardware.collectives import Collective, GroupLinks, collective_time_s
+from hardware.calibration import ROOFLINE, SOURCES
+from hardware.collectives import Collective, GroupLinks, calibrated_collective_s, collective_time_s
 from hardware.specs import GpuSpec
 from workloads.graph import Op
 
@@ -37,6 +39,61 @@ def gemm_bytes_per_element(op: Op) -> float:
     return (act_elements * op.bytes_per_element + weight_elements * op.weight_bytes_per_element) / total
 
 
+# Active cost-source tallies (``tally_cost_sources``); empty in normal runs, so pricing pays one check.
+_TALLIES: list[dict[str, float]] = []
+
+
+@contextmanager
+def tally_cost_sources() -> Iterator[dict[str, float]]:
+    """Seconds priced by ``op_time_s`` inside the block, by cost source (measured, transferred,
+    roofline; ``op_cost_source``)."""
+    tally = {source: 0.0 for source in SOURCES}
+    _TALLIES.append(tally)
+    try:
+        yield tally
+    finally:
+        _TALLIES.pop()
+
+
+def source_fractions(seconds_by_source: Mapping[str, float]) -> dict[str, float]:
+    """Seconds by source as fractions of their total (all roofline when nothing was priced)."""
+    total = sum(seconds_by_source.values())
+    if total <= 0:
+        return {source: (1.0 if source == ROOFLINE else 0.0) for source in SOURCES}
+    return {source: seconds_by_source.get(source, 0.0) / total for source in SOURCES}
+
+
+def op_cost_source(op: Op, gpu: GpuSpec, *, precision: str, links: Mapping[str, GroupLinks]) -> str:
+    """Where ``op_time_s`` takes this op's cost from: "measured" (the GPU's own calibration profile
+    covers it), "transferred" (a profile fitted on another GPU covers it) or "roofline" (the
+    analytic model: no profile, or outside its coverage). Decided by the same lookups the cost
+    functions use."""
+    calibration = gpu.calibration
+    if op.kind == "collective":
+        group = links.get(op.axis)
+        if group is None or group.size <= 1 or group.calibration is None:
+            return ROOFLINE
+        if calibrated_collective_s(Collective(op.collective), op.message_bytes, group) is None:
+            return ROOFLINE
+        return group.calibration.source_for(gpu.name)
+    if calibration is None:
+        return ROOFLINE
+    if op.kind == "gemm":
+        covered = calibration.gemm_ratio(precision, op.m, op.n, op.k, op.batch) is not None
+    elif op.kind == "attention":
+        covered = bool(op.sequences) and calibration.attention_ratio(
+            precision=attention_precision(precision), num_sequences=len(op.sequences),
+            query_tokens=sum(q for q, _ in op.sequences), key_tokens=sum(kv for _, kv in op.sequences),
+            heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim,
+            v_head_dim=op.head_dim if op.v_head_dim is None else op.v_head_dim, causal=op.causal, backward=op.backward,
+        ) is not None
+    elif op.kind == "memory":
+        covered = op.bytes_moved > 0 and calibration.memory_efficiency(op.bytes_moved) is not None
+    else:
+        covered = False
+    return calibration.source_for(gpu.name) if covered else ROOFLINE
+
+
 def op_time_s(
     op: Op,
     gpu: GpuSpec,
@@ -49,6 +106,20 @@ def op_time_s(
     collectives use the process group of their axis from ``links`` (a missing axis = group of one).
     ``collective_time`` prices a collective: ``hardware.collectives.collective_time_s`` or a
     memoized wrapper of it (``sim.training.pricing_cache.PricingCache.collective_s``)."""
+    seconds = _op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
+    if _TALLIES:
+        _TALLIES[-1][op_cost_source(op, gpu, precision=precision, links=links)] += seconds
+    return seconds
+
+
+def _op_time_s(
+    op: Op,
+    gpu: GpuSpec,
+    *,
+    precision: str,
+    links: Mapping[str, GroupLinks],
+    collective_time: Callable[[Collective, float, GroupLinks], float],
+) -> float:
     if op.kind == "gemm":
         return cost.gemm_time_s(
             gpu, op.m, op.n, op.k, precision=op.precision or precision, bytes_per_element=gemm_bytes_per_element(op),

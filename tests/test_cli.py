@@ -20,6 +20,10 @@ SUBCOMMANDS = [
     ["simulate"],
     ["search"],
     ["validate"],
+    ["calibrate"],
+    ["calibrate", "run"],
+    ["calibrate", "import"],
+    ["calibrate", "fit"],
 ]
 
 

@@ -28,7 +28,7 @@ ALLOWED_THIRD_PARTY = {
     "workloads": {"numpy", "networkx"},
     "sim": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib"},
     "search": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib", "pulp", "highspy", "dask", "distributed", "tqdm"},
-    "validation": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib", "torch", "pyarrow"},
+    "validation": {"numpy", "scipy", "networkx", "simpy", "pandas", "matplotlib", "torch", "pyarrow", "tqdm"},
 }
 
 

@@ -92,7 +92,13 @@ class ServingResult:
                 "steps": [r.steps for r in pool.replicas],
             })
         out["speculative"] = self._speculative_metrics()
+        records = self.records()
+        prompt = max(1, round(sum(r.prompt_tokens for r in records) / len(records))) if records else 1
+        output = max(1, round(sum(r.output_tokens for r in records) / len(records))) if records else 1
+        for pool, entry in zip(system.pools, pools):
+            entry["cost_sources"] = pool.cost.cost_sources(prompt, output)
         out.update({
+            "cost_sources": pools[0]["cost_sources"] if pools else {},
             "scheduler": spec.scheduler,
             "framework": spec.framework,
             "model": system.model.name,

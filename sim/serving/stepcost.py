@@ -259,6 +259,25 @@ class StepCostModel:
         l2_Bps = gpu.l2_bandwidth_Bps or gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
         return max(self._attention_op_s(decodes), l2_bytes / l2_Bps + launch_overhead_s(gpu))
 
+    def cost_sources(self, prompt_tokens: int, output_tokens: int) -> dict[str, float]:
+        """Fractions of one request's op time served alone (prefill of ``prompt_tokens``, then
+        ``output_tokens`` - 1 decode steps at the mean context) that came from a measured calibration
+        profile, a transferred one or the roofline model (``sim.costmodel.op_cost_source``)."""
+        from sim.costmodel import source_fractions, tally_cost_sources
+
+        caches = self._token_cache, self._head_cache
+        self._token_cache, self._head_cache = {}, {}  # price afresh so every op is counted
+        try:
+            with tally_cost_sources() as prefill:
+                self.forward_time_s(prompt_tokens, [(prompt_tokens, prompt_tokens)], 1)
+            decodes = max(0, output_tokens - 1)
+            context = prompt_tokens + max(1, decodes // 2)
+            with tally_cost_sources() as decode:
+                self.forward_time_s(1, [(1, context)], 1)
+        finally:
+            self._token_cache, self._head_cache = caches
+        return source_fractions({k: prefill[k] + decodes * decode[k] for k in prefill})
+
     def forward_time_s(self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int) -> float:
         """One forward pass of ``tokens`` tokens over ``sequences``, sampling ``sampled`` positions."""
         return self.token_time_s(tokens) + self.attention_time_s(sequences) + self.head_time_s(sampled)

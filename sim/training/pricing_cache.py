@@ -43,6 +43,7 @@ def gpu_fingerprint(gpu: GpuSpec) -> tuple[Any, ...]:
         gpu.price_per_hour_usd,
         gpu.price_source,
         gpu.notes,
+        gpu.calibration,  # identity-hashed: one object per profile file
     )
 
 

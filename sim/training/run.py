@@ -136,13 +136,22 @@ class TrainingResult:
 
     # ---- metrics -----------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
-        return with_goodput(self.setup, training_metrics(
+        metrics = with_goodput(self.setup, training_metrics(
             self.setup,
             self.estimate,
             self.memory,
             recompute_flops_per_replica=self.work.recompute_flops_per_replica,
             fidelity=self.fidelity,
         ))
+        metrics["cost_sources"] = self.cost_sources()
+        return metrics
+
+    def cost_sources(self) -> dict[str, float]:
+        """Fractions of one layer's predicted op time (F, B and W of every op, as ``op_frame``)
+        priced from the GPU's measured calibration profile, a transferred one, or the roofline model."""
+        frame = self.op_frame()
+        by_source = frame.groupby("cost_source")["seconds"].sum().to_dict()
+        return costmodel.source_fractions(by_source)
 
     def sweep_metrics(self) -> list[str]:
         return ["iteration_time_s", "mfu", "bubble_fraction", "peak_memory_bytes"]
@@ -234,6 +243,7 @@ class TrainingResult:
                             "kind": op.kind,
                             "axis": op.axis,
                             "seconds": costmodel.op_time_s(op, setup.cluster.gpu, precision=setup.job.precision, links=links),
+                            "cost_source": costmodel.op_cost_source(op, setup.cluster.gpu, precision=setup.job.precision, links=links),
                             "flops": costmodel.op_flops(op),
                             "message_bytes": op.message_bytes,
                             "memory_bytes": op.bytes_moved,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from hardware import units
-from hardware.catalog import get_gpu, get_network, get_node
+from hardware.catalog import analytic_gpu as get_gpu, get_network, get_node  # the analytic model (no calibration profile) is under test
 from hardware.collectives import (
     Algorithm,
     Collective,

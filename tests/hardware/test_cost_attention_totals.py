@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hardware import cost
-from hardware.catalog import get_gpu
+from hardware.catalog import analytic_gpu as get_gpu  # the analytic model (no calibration profile) is under test
 
 
 def test_attention_totals_entry_point_is_bit_identical() -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hardware import cost
-from hardware.catalog import get_gpu
+from hardware.catalog import analytic_gpu as get_gpu  # the analytic model (no calibration profile) is under test
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 SAMPLES = {"a100-sxm-80gb": "aic_a100_gemm_bf16_sample.csv", "h200-sxm-141gb": "aic_h200_gemm_bf16_sample.csv"}

@@ -157,6 +157,7 @@ def test_shared_cache_gives_the_same_metrics() -> None:
     for config in configs + configs[::-1]:
         shared = estimate_training(parse_training(config), cache)
         fresh = simulate_training(config, RunOptions(fidelity="analytic")).metrics()
+        fresh.pop("cost_sources")  # simulate's account of its op costs; the search fast path skips it
         assert shared == fresh
 
 

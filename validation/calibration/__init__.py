@@ -1,0 +1,1 @@
+"""Calibration: import of published measurement tables, profile fitting and accuracy reports."""

@@ -1,0 +1,1 @@
+"""GPU microbenchmark harness (``llmsim calibrate run``) and the measurement CSV schema."""
