@@ -73,7 +73,9 @@ class Sharding:
     cp: int = 1
     ep: int = 1
     expert_load_imbalance: float = 1.0  # busiest expert's tokens / mean (>= 1)
-    cp_comm: str = "ring"  # "ring" (K/V blocks passed around, overlapping attention) | "all_gather"
+    cp_comm: str = "ring"  # "ring" (K/V blocks passed around, overlapping attention) | "all_gather" |
+    # "ulysses" (all-to-all from sequence to head sharding around attention) | "hybrid" (both, 2D)
+    cp_heads: int = 1  # "hybrid": head-parallel degree of the all-to-all; the ring runs over cp / cp_heads
 
 
 def expected_active_experts(experts: int, top_k: int, routed_tokens: int) -> float:
@@ -153,7 +155,22 @@ def layer_forward_ops(
         ops.append(gemm("qkv_proj", tokens, (heads + 2 * kv_heads) * qk_dim, h))
     if model.position == "rope":
         ops.append(mem("rope", 2 * tokens * (heads + kv_heads) * qk_dim * a))
-    if sharding.cp > 1:
+    head_split = 1  # attention heads split over context-parallel ranks (Ulysses / hybrid)
+    if sharding.cp > 1 and sharding.cp_comm in ("ulysses", "hybrid"):
+        # DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509): an all-to-all turns the rank's
+        # sequence shard of Q, K, V (all its heads) into the full sequence of heads / cp, and one more
+        # after attention turns the output back; LoongTrain's 2D attention (Gu et al. 2024, arXiv
+        # 2406.18485) runs it over cp_heads ranks and a K/V ring over the other cp / cp_heads
+        head_split = sharding.cp if sharding.cp_comm == "ulysses" else sharding.cp_heads
+        if head_split > 1:
+            qkv = tokens * (heads * qk_dim + kv_heads * (qk_dim + v_dim)) * a
+            axis = "cp" if sharding.cp_comm == "ulysses" else "cp_heads"
+            ops.append(coll("cp_qkv_all_to_all", "all_to_all", axis, qkv))
+        ring = sharding.cp // head_split
+        if ring > 1:
+            kv_block = tokens * head_split * _div(kv_heads, head_split) * (qk_dim + v_dim) * a
+            ops.append(coll("cp_kv_ring", "send_recv", "cp_ring", (ring - 1) * kv_block))
+    elif sharding.cp > 1:
         kv_block = tokens * kv_heads * (qk_dim + v_dim) * a
         if sharding.cp_comm == "all_gather":
             # all-gather the full sequence's K and V before attention (Llama 3's context parallelism)
@@ -167,15 +184,20 @@ def layer_forward_ops(
                 name="attention",
                 kind="attention",
                 sequences=tuple(sequences),
-                heads=heads,
-                kv_heads=kv_heads,
+                heads=_div(heads, head_split),
+                kv_heads=_div(kv_heads, head_split),
                 head_dim=qk_dim,
                 v_head_dim=v_dim,
                 causal=causal,
             )
         )
     else:
-        ops += unfused_attention_ops(sequences, heads=heads, qk_dim=qk_dim, v_dim=v_dim, bytes_per_element=a)
+        ops += unfused_attention_ops(
+            sequences, heads=_div(heads, head_split), qk_dim=qk_dim, v_dim=v_dim, bytes_per_element=a
+        )
+    if head_split > 1:
+        axis = "cp" if sharding.cp_comm == "ulysses" else "cp_heads"
+        ops.append(coll("cp_out_all_to_all", "all_to_all", axis, tokens * heads * v_dim * a))
     ops.append(gemm("out_proj", tokens, h, heads * v_dim))
     ops += leave_tp("attention")
     ops.append(mem("residual_norm", 4 * norm_tokens * h * a))

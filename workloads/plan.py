@@ -12,7 +12,7 @@ ONE_CHUNK_SCHEDULES = ("gpipe", "1f1b", "zb-h1", "zb-h2")
 V_SCHEDULES = ("zb-v", "v-half", "v-min")  # two chunks per stage in a V
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
-CP_COMM = ("ring", "all_gather")
+CP_COMM = ("ring", "all_gather", "ulysses", "hybrid")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
 
 
@@ -43,6 +43,7 @@ class ParallelPlan:
     offload: str = "none"
     activation_offload: float = 0.0  # fraction of pending micro-batches' activations kept in host memory
     vocab_parallel: bool = False  # embedding, LM head and loss split over all pipeline stages (Yeung et al. 2024)
+    cp_heads: int = 1  # cp_comm = "hybrid": head-parallel degree inside the cp group (LoongTrain 2D attention)
     cp_comm: str = "ring"  # context parallel: K/V passed around a ring (overlapped) or all-gathered (Llama 3)
 
     def __post_init__(self) -> None:
@@ -88,6 +89,12 @@ class ParallelPlan:
                 )
         if not (isinstance(self.activation_offload, (int, float)) and 0.0 <= self.activation_offload <= 1.0):
             raise InvalidPlanError(f"parallel.activation_offload = {self.activation_offload!r} must be a number in 0..1")
+        if not isinstance(self.cp_heads, int) or isinstance(self.cp_heads, bool) or self.cp_heads < 1:
+            raise InvalidPlanError(f"parallel.cp_heads = {self.cp_heads!r} must be a positive integer")
+        if self.cp_comm == "hybrid" and self.cp % self.cp_heads:
+            raise InvalidPlanError(f"parallel.cp_heads = {self.cp_heads} must divide cp = {self.cp} (cp_comm = 'hybrid')")
+        if self.cp_comm != "hybrid" and self.cp_heads != 1:
+            raise InvalidPlanError(f"parallel.cp_heads = {self.cp_heads} needs cp_comm = 'hybrid', not '{self.cp_comm}'")
         if self.hsdp and self.zero != 3:
             raise InvalidPlanError(f"parallel.hsdp = true needs zero = 3, not {self.zero}")
         if (self.dp * self.cp) % self.ep:

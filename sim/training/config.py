@@ -42,6 +42,7 @@ PARALLEL_KEYS = (
     "cp_comm",
     "vocab_parallel",
     "activation_offload",
+    "cp_heads",
     "expert_load_imbalance",
     "overlap_slowdown",
 )
@@ -242,6 +243,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         vocab_parallel=_bool(parallel, "vocab_parallel", "parallel", False),
         activation_offload=_fraction(parallel, "activation_offload", "parallel"),
         cp_comm=str(parallel.get("cp_comm", "ring")),
+        cp_heads=_int(parallel, "cp_heads", "parallel", 1),
     )
     validate_plan(model, cluster, job, plan)
     if job.seq_len > model.max_seq_len and model.position != "learned":
@@ -308,6 +310,15 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
             raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
         if model.experts % plan.ep:
             raise InvalidPlanError(f"parallel.ep {plan.ep} must divide the {model.experts} experts of model {model.name}")
+    heads_split = plan.cp if plan.cp_comm == "ulysses" else plan.cp_heads if plan.cp_comm == "hybrid" else 1
+    if heads_split > 1:
+        for label, count in (("attention heads", model.heads), ("kv_heads", model.heads if model.is_mla else model.kv_heads)):
+            if count % (plan.tp * heads_split):
+                what = "cp" if plan.cp_comm == "ulysses" else "cp_heads"
+                raise InvalidPlanError(
+                    f"parallel.cp_comm = '{plan.cp_comm}' splits heads over tp x {what} = {plan.tp * heads_split}, "
+                    f"which must divide the {count} {label} of model {model.name}"
+                )
     if plan.cp > 1 and job.seq_len % (2 * plan.cp):
         raise InvalidPlanError(
             f"training.seq_len {job.seq_len} must be divisible by 2 x cp = {2 * plan.cp} (load-balanced causal context parallel)"

@@ -58,7 +58,7 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     )
 
 
-GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate", "pp")
+GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate", "pp", "cp_heads", "cp_ring")
 
 
 def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
@@ -77,6 +77,11 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
         "dp_shard": (base, plan.tp, min(shard, dp_cp)),
         "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
         "pp": (base - stage * plan.tp * dp_cp, plan.tp * dp_cp, plan.pp),  # the stage's rank across stages
+        # hybrid context parallelism: the head all-to-all over cp_heads neighbouring cp ranks, the
+        # K/V ring over the cp / cp_heads groups (ring alone: the whole cp group)
+        "cp_heads": (base, plan.tp, plan.cp_heads if plan.cp_comm == "hybrid" else 1),
+        "cp_ring": (base, plan.tp * (plan.cp_heads if plan.cp_comm == "hybrid" else 1),
+                    plan.cp // (plan.cp_heads if plan.cp_comm == "hybrid" else 1)),
     }
 
 
@@ -96,6 +101,7 @@ def _sharding(setup: TrainingSetup) -> Sharding:
         ep=plan.ep,
         expert_load_imbalance=setup.expert_load_imbalance,
         cp_comm=plan.cp_comm,
+        cp_heads=plan.cp_heads,
     )
 
 
@@ -104,13 +110,24 @@ def attention_sequences(setup: TrainingSetup) -> tuple[tuple[tuple[int, int], ..
 
     Context parallel with load balancing gives each rank two sequence chunks whose queries see on
     average half the sequence: priced as s/cp queries against s/2 keys, unmasked (exact in FLOPs).
+    Ulysses attends the whole sequence with heads / cp; hybrid s cp_heads / cp queries (its ring).
     A sliding window w < s caps each query's keys: priced as s queries against the mean key count.
     """
     s, b, cp = setup.job.seq_len, setup.job.micro_batch, setup.plan.cp
     window = setup.model.sliding_window
+    # Ulysses attends over the whole sequence (heads split instead); hybrid over cp / cp_heads shards
+    heads_split = cp if setup.plan.cp_comm == "ulysses" else setup.plan.cp_heads if setup.plan.cp_comm == "hybrid" else 1
+    if cp > 1 and heads_split == cp:  # the rank's cp shard regathered: b whole sequences
+        return attention_sequences_full(s, b, window)
     if cp > 1:
+        queries = s * heads_split // cp
         keys = s // 2 if window is None else min(window, s // 2)
-        return tuple([(s // cp, keys)] * b), False
+        return tuple([(queries, keys)] * b), False
+    return attention_sequences_full(s, b, window)
+
+
+def attention_sequences_full(s: int, b: int, window: int | None) -> tuple[tuple[tuple[int, int], ...], bool]:
+    """(query, key) pairs of b whole sequences of length s (causal, or a sliding window)."""
     if window is not None and window < s:
         keys_seen = window * (window + 1) / 2 + (s - window) * window
         return tuple([(s, round(keys_seen / s))] * b), False
@@ -317,8 +334,9 @@ def price_pass(
     for op in ops:
         seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
         if op.kind == "collective":
-            comm[op.axis] = comm.get(op.axis, 0.0) + seconds
-            if op.axis == "cp" and op.collective == "send_recv":
+            axis = "cp" if op.axis in ("cp_heads", "cp_ring") else op.axis  # reported as context parallel
+            comm[axis] = comm.get(axis, 0.0) + seconds
+            if axis == "cp" and op.collective == "send_recv":
                 cp_ring += seconds
             continue
         compute += seconds
