@@ -143,7 +143,18 @@ _HUMAN = (
 )
 
 
+# Fields whose zero or None means "no source gives a value" (the model then falls back, see hardware/).
+_UNSET_WHEN_ZERO = {"l2_bandwidth_Bps": "not set (not measured; GEMM partial sums go through HBM)"}
+_UNSET_NOTES = {"gemm_memory": "not set (weight streaming uses efficiency.memory)"}
+
+
 def _human(name: str, value: Any) -> str:
+    if value is None or value == "":
+        return _UNSET_NOTES.get(name, "not set")
+    if name in _UNSET_WHEN_ZERO and value == 0:
+        return _UNSET_WHEN_ZERO[name]
+    if name == "nvlink_bandwidth_Bps" and value == 0:
+        return "none (no NVLink)"
     if isinstance(value, float):
         if name == "peak_flops_per_s":
             return f"{value / units.TFLOPS:g} TFLOP/s"

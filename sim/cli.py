@@ -135,7 +135,10 @@ def _parse_sweep(text: str) -> tuple[str, list[str]]:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from sim import notices
-    from sim.cli_support import check_sections, prepare_outputs, resolved_config, verbose_report
+    from sim.cli_support import (
+        check_sections, comparison_lines, prepare_outputs, published_comparison, reference_lines, resolved_config,
+        verbose_report,
+    )
     from sim.config import load_config, read_toml, with_overrides
     from sim.runner import RunOptions, simulate
 
@@ -170,19 +173,20 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         else:
             print(sweep.sweep_table(frame))
         if out_dir is not None:
-            sweep.write_sweep(out_dir, key, frame, results[0][1].sweep_metrics())
+            sweep.write_sweep(out_dir, key, frame, results[0][1].sweep_metrics(), reference_lines(results[0][1]))
             first = resolved_config(config, results[0][1], getattr(results[0][1], "seed", args.seed))
             _write_run_json(out_dir, first, getattr(results[0][1], "seed", args.seed), args.fidelity)
         return 0
     result = simulate(config, options)
     seed = getattr(result, "seed", args.seed)
     resolved = resolved_config(config, result, seed)
+    comparison = published_comparison(config, result)
     if args.verbose:
         verbose_report(result, resolved)
     if args.format == "json":
-        print(dumps(result.metrics()))
+        print(dumps({**result.metrics(), **({"published": comparison} if comparison else {})}))
     else:
-        print(result.table())
+        print("\n".join([result.table(), *(comparison_lines(comparison) if comparison else [])]))
     if out_dir is not None:
         result.write_outputs(out_dir)
         _write_run_json(out_dir, resolved, seed, args.fidelity)

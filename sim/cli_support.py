@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from sim import notices
-from sim.config_keys import SERVING_SECTIONS, TRAINING_SECTIONS
+from sim.config_keys import PUBLISHED_KEYS, PUBLISHED_METRICS, SERVING_SECTIONS, TRAINING_SECTIONS
 from sim.errors import ConfigError
 from sim.jsonout import dumps
 
@@ -150,6 +151,10 @@ def verbose_report(result: Any, resolved: Mapping[str, Any]) -> None:
             for sub, subtable in table.items():
                 if isinstance(subtable, Mapping):
                     lines.append(f"  [{name}.{sub}] " + "  ".join(f"{k}={v!r}" for k, v in subtable.items()))
+    sources = result.metrics().get("cost_sources")
+    if isinstance(sources, Mapping) and sources:
+        lines.append("cost sources (share of predicted op time): "
+                     + "  ".join(f"{k} {v:.1%}" for k, v in sources.items() if isinstance(v, int | float)))
     if hasattr(result, "op_frame"):
         frame = result.op_frame()
         total = frame["seconds"].sum()
@@ -174,3 +179,61 @@ def verbose_report(result: Any, resolved: Mapping[str, Any]) -> None:
                 f" ({m.num_blocks:,} blocks of {m.block_size} tokens, {m.kv_bytes_per_token:,.0f} B per token per GPU)"
             )
     print("\n".join(lines), file=sys.stderr)
+
+
+def reference_lines(result: Any) -> dict[str, tuple[float, str]]:
+    """Horizontal lines for sweep plots: the GPU's HBM on memory plots, SLO limits on latency plots."""
+    lines: dict[str, tuple[float, str]] = {}
+    setup = getattr(result, "setup", None)
+    if setup is not None:
+        lines["peak_memory_bytes"] = (setup.cluster.gpu.hbm_capacity_bytes, f"{setup.cluster.gpu.name} HBM capacity")
+    slo = getattr(result, "slo", None)
+    if slo is not None:
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            limit = getattr(slo, name, None)
+            if limit is not None:
+                for stat in ("p50", "p90", "p99"):
+                    lines[f"{name}.{stat}"] = (limit, f"SLO {name.removesuffix('_s').upper()} {limit:g} s")
+    return lines
+
+
+def published_comparison(config: Mapping[str, Any], result: Any) -> dict[str, Any] | None:
+    """``[published]`` beside the prediction: {source, metrics: {key: {published, predicted, error}}}
+    with error = predicted / published - 1; None without the section."""
+    table = config.get("published")
+    if table is None:
+        return None
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"[published] must be a table, got {table!r}")
+    for key, value in table.items():
+        if key not in PUBLISHED_KEYS:
+            raise ConfigError(f"[published] unknown key '{key}'; allowed: {', '.join(PUBLISHED_KEYS)}")
+        if key == "source":
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"[published] source = {value!r} must be a citation string")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"[published] {key} = {value!r} must be a finite number > 0")
+    if "source" not in table:
+        raise ConfigError("[published] needs 'source' (where the number was published)")
+    metrics = dict(result.metrics())
+    if "hfu" in metrics and "mfu" in metrics and metrics["mfu"]:
+        metrics["hardware_flops_per_s_per_gpu"] = metrics["model_flops_per_s_per_gpu"] * metrics["hfu"] / metrics["mfu"]
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key == "source":
+            continue
+        label, metric, scale = PUBLISHED_METRICS[key]
+        predicted = metrics.get(metric)
+        if not isinstance(predicted, int | float):
+            raise ConfigError(f"[published] {key}: this run has no {metric} to compare with")
+        predicted *= scale
+        out[key] = {"label": label, "published": float(value), "predicted": predicted, "error": predicted / value - 1}
+    return {"source": table["source"], "metrics": out}
+
+
+def comparison_lines(comparison: Mapping[str, Any]) -> list[str]:
+    lines = [f"published ({comparison['source']}):"]
+    for row in comparison["metrics"].values():
+        lines.append(f"  {row['label']:<36} published {row['published']:,.4g}  predicted {row['predicted']:,.4g}  "
+                     f"error {row['error']:+.1%}")
+    return lines

@@ -22,7 +22,7 @@ from workloads.catalog import get_model, model_from_mapping
 from workloads.errors import ModelCatalogError
 from workloads.model import ModelSpec
 
-KNOWN_SECTIONS = ("model", "cluster", "training", "parallel", "serving", "workload", "slo", "search")
+KNOWN_SECTIONS = ("model", "cluster", "training", "parallel", "serving", "workload", "slo", "search", "published")
 
 
 def _parse_value(text: str) -> Any:
@@ -124,6 +124,8 @@ def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = N
     table = section(config, "model")
     if not table:
         raise ConfigError("[model] needs 'name' (a catalog model) or an inline architecture (layers, hidden, ...)")
+    if "name" in table and not isinstance(table["name"], str):
+        raise ConfigError(f"[model] name = {table['name']!r} must be a string (a catalog model, see `llmsim catalog models`)")
     try:
         if set(table) == {"name"}:
             return get_model(str(table["name"]))
@@ -136,6 +138,7 @@ def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = N
         raise ConfigError(str(exc)) from None
 
 
+MAX_NUM_GPUS = 1_000_000  # the largest clusters built are ~10^5 GPUs; the topology graph grows with it
 CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration")
 
 
@@ -160,6 +163,8 @@ def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = No
     num_gpus = table.get("num_gpus", default_num_gpus)
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
         raise ConfigError(f"[cluster] num_gpus = {num_gpus!r} must be a positive integer")
+    if num_gpus > MAX_NUM_GPUS:
+        raise ConfigError(f"[cluster] num_gpus = {num_gpus} is past the limit {MAX_NUM_GPUS:,}")
     try:
         gpu = get_gpu(str(table["gpu"]))
         if "calibration" in table:

@@ -18,8 +18,21 @@ from workloads.model import ModelSpec
 from workloads.requests import _LENGTH_KEYS, _SESSION_KEYS, _WORKLOAD_KEYS
 
 # Sections each kind of config reads (``[search]`` is read only by ``llmsim search``).
-TRAINING_SECTIONS = ("model", "cluster", "training", "parallel")
-SERVING_SECTIONS = ("model", "cluster", "serving", "workload", "slo")
+TRAINING_SECTIONS = ("model", "cluster", "training", "parallel", "published")
+SERVING_SECTIONS = ("model", "cluster", "serving", "workload", "slo", "published")
+
+# ``[published]``: a published measurement of the run the config describes; `simulate` prints the
+# prediction beside it (sim/cli_support.published_comparison). Each key but ``source`` is a metric.
+PUBLISHED_METRICS = {
+    "model_tflops_per_gpu": ("model TFLOP/s per GPU", "model_flops_per_s_per_gpu", 1e-12),
+    "hardware_tflops_per_gpu": ("TFLOP/s per GPU counting recompute", "hardware_flops_per_s_per_gpu", 1e-12),
+    "iteration_time_s": ("iteration time (s)", "iteration_time_s", 1.0),
+    "tokens_per_s": ("tokens/s", "tokens_per_s", 1.0),
+    "mfu": ("MFU", "mfu", 1.0),
+    "output_tokens_per_s": ("output tokens/s", "output_tokens_per_s", 1.0),
+    "request_throughput_per_s": ("requests/s", "request_throughput_per_s", 1.0),
+}
+PUBLISHED_KEYS = ("source", *PUBLISHED_METRICS)
 
 
 def length_keys() -> tuple[str, ...]:
@@ -46,4 +59,5 @@ def key_tables() -> dict[str, tuple[str, ...]]:
         "workload.prompt_tokens": length_keys(),
         "workload.sessions": tuple(_SESSION_KEYS),
         "slo": tuple(_SLO_KEYS),
+        "published": PUBLISHED_KEYS,
     }

@@ -162,6 +162,7 @@ def test_verbose_prints_resolved_config_and_costs(tmp_path: Path, capsys: pytest
     code, out, err = run(capsys, "simulate", training_config(tmp_path), "--fidelity", "analytic", "-v", "--format", "json")
     json.loads(out)  # stdout stays one JSON object
     assert code == 0 and "resolved config:" in err and "dp=1" in err and "costliest ops of one layer" in err
+    assert "cost sources (share of predicted op time): measured" in err
     code, _, err = run(capsys, "simulate", serving_config(tmp_path, num_gpus=1), "-v")
     assert code == 0 and "replica memory per GPU: budget" in err and "replicas=1" in err
 

@@ -9,6 +9,8 @@ Variants are catalog rows, not subclasses.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from workloads.errors import ModelCatalogError
@@ -16,6 +18,10 @@ from workloads.errors import ModelCatalogError
 ACTIVATIONS = ("gelu", "swiglu", "relu2", "relu")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope", "alibi")
+# Bounds on inline architectures (docs/configuration.md): the largest published models have ~10^2
+# layers and widths ~10^5; past these the per-layer loops and op graphs stop being tractable.
+MAX_LAYERS = 100_000
+MAX_DIMENSION = 100_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +95,18 @@ class ModelSpec:
         for field_name in ("layers", "hidden", "heads", "kv_heads", "vocab", "max_seq_len"):
             if getattr(self, field_name) <= 0:
                 raise ModelCatalogError(f"{where}: {field_name} = {getattr(self, field_name)} must be > 0")
+        if self.layers > MAX_LAYERS:
+            raise ModelCatalogError(f"{where}: layers = {self.layers} is past the limit {MAX_LAYERS:,}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or value is None:
+                continue
+            if isinstance(value, int) and value < 0:
+                raise ModelCatalogError(f"{where}: {f.name} = {value} must be >= 0")
+            if isinstance(value, float) and not (math.isfinite(value) and value > 0):
+                raise ModelCatalogError(f"{where}: {f.name} = {value} must be a finite number > 0")
+            if isinstance(value, int) and value > MAX_DIMENSION:
+                raise ModelCatalogError(f"{where}: {f.name} = {value} is past the limit {MAX_DIMENSION:,}")
         if self.activation not in ACTIVATIONS:
             raise ModelCatalogError(f"{where}: activation '{self.activation}' not in {ACTIVATIONS}")
         if self.norm not in NORMS:

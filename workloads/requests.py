@@ -74,6 +74,18 @@ _WORKLOAD_KEYS = (
     "time_scale", "shared_prefix_tokens", "prefix_block_tokens", "sessions", "seed",
 )
 _SESSION_KEYS = ("turns", "think_time_s", "max_context_tokens")
+# Size limits (docs/configuration.md), each named in its error. The serving engine simulates about
+# 1,000-1,500 requests per second of wall time on one core (README, Speed: 100,000 requests in ~80 s),
+# so 200,000 requests take about three minutes; split longer studies into several runs.
+MAX_NUM_REQUESTS = 200_000
+MAX_TOKENS = 10_000_000  # longest request length (prompt or output), past every published context window
+# Decode is one engine step per output token and request, so a request's output length bounds the
+# steps a run takes (~30 us each): 131,072 (128 Ki, the largest output limit of served models) keeps a
+# run within seconds, where 10^6 took 30-45 s per scheduler.
+MAX_OUTPUT_TOKENS = 131_072
+MAX_ZIPF_VALUES = 1_000_000  # a zipf length keeps one probability per value of [min, max]
+MAX_LOGNORMAL_MU = 40.0  # exp(40) tokens is already 10^10 times MAX_TOKENS
+MAX_LOGNORMAL_SIGMA = 10.0
 # Hash namespaces for synthetic prefixes: shared-prefix block b -> -(b + 1); block b of session or
 # request j -> (j + 1) * 2**32 + b (2**32 blocks per owner is beyond any context length).
 _OWNER_STRIDE = 2**32
@@ -131,6 +143,13 @@ class LengthSpec:
             raise WorkloadError(f"distribution = {d!r} is unknown; allowed: {', '.join(DISTRIBUTIONS)}")
         if self.min_tokens < 1:
             raise WorkloadError(f"min = {self.min_tokens} must be >= 1")
+        for name, bound in (("min", self.min_tokens), ("max", self.max_tokens), ("value", self.value)):
+            if bound is not None and bound > MAX_TOKENS:
+                raise WorkloadError(f"{name} = {bound} is past the limit of {MAX_TOKENS:,} tokens")
+        for name, number, limit in (("mean", self.mean, MAX_TOKENS), ("std", self.std, MAX_TOKENS),
+                                    ("mu", self.mu, MAX_LOGNORMAL_MU), ("sigma", self.sigma, MAX_LOGNORMAL_SIGMA)):
+            if number is not None and not (math.isfinite(number) and abs(number) <= limit):
+                raise WorkloadError(f"{name} = {number!r} must be a finite number within +-{limit:,g}")
         if self.max_tokens is not None and self.max_tokens < self.min_tokens:
             raise WorkloadError(f"max = {self.max_tokens} must be >= min = {self.min_tokens}")
         if d == "fixed" and (self.value is None or self.value < 1):
@@ -141,8 +160,13 @@ class LengthSpec:
             raise WorkloadError(f"lognormal needs mu and sigma >= 0, got mu = {self.mu!r}, sigma = {self.sigma!r}")
         if d in ("uniform", "zipf") and self.max_tokens is None:
             raise WorkloadError(f"{d} needs both min and max")
-        if d == "zipf" and (self.exponent is None or self.exponent <= 0):
-            raise WorkloadError(f"zipf exponent = {self.exponent!r} must be > 0")
+        if d == "zipf" and (self.exponent is None or not 0 < self.exponent <= 1e3):
+            raise WorkloadError(f"zipf exponent = {self.exponent!r} must be in (0, 1000]")
+        if d == "zipf" and self.max_tokens - self.min_tokens + 1 > MAX_ZIPF_VALUES:  # type: ignore[operator]
+            raise WorkloadError(
+                f"zipf over [{self.min_tokens}, {self.max_tokens}] has {self.max_tokens - self.min_tokens + 1:,} values, "  # type: ignore[operator]
+                f"past the limit of {MAX_ZIPF_VALUES:,}"
+            )
         if d == "empirical" and not self.values:
             raise WorkloadError(f"empirical sample {self.source!r} has no values")
 
@@ -161,7 +185,7 @@ class LengthSpec:
             drawn = self.min_tokens + rng.choice(len(p := self._zipf_probabilities()), size=size, p=p).astype(float)
         else:
             drawn = rng.choice(np.asarray(self.values, dtype=float), size=size)
-        upper = np.inf if self.max_tokens is None else self.max_tokens
+        upper = MAX_TOKENS if self.max_tokens is None else self.max_tokens
         return np.clip(np.rint(drawn), self.min_tokens, upper).astype(np.int64)
 
     def nominal_mean(self) -> float:
@@ -227,10 +251,21 @@ class WorkloadSpec:
             raise WorkloadError(f"workload.burstiness = {self.burstiness!r} must be > 0")
         if self.num_requests is not None and self.num_requests < 1:
             raise WorkloadError(f"workload.num_requests = {self.num_requests} must be >= 1")
+        if self.num_requests is not None and self.num_requests > MAX_NUM_REQUESTS:
+            raise WorkloadError(
+                f"workload.num_requests = {self.num_requests:,} is past the limit of {MAX_NUM_REQUESTS:,} "
+                "(the engine simulates about 1,000 requests per second of wall time; split the study into runs)"
+            )
+        if self.seed is not None and self.seed < 0:
+            raise WorkloadError(f"workload.seed = {self.seed} must be >= 0")
+        if self.burstiness is not None and not (math.isfinite(self.burstiness) and self.burstiness <= 1e6):
+            raise WorkloadError(f"workload.burstiness = {self.burstiness!r} must be a finite number in (0, 1e6]")
         if self.time_scale is not None and not self.time_scale > 0:
             raise WorkloadError(f"workload.time_scale = {self.time_scale!r} must be > 0")
-        if self.shared_prefix_tokens < 0:
-            raise WorkloadError(f"workload.shared_prefix_tokens = {self.shared_prefix_tokens} must be >= 0")
+        if not 0 <= self.shared_prefix_tokens <= MAX_TOKENS:
+            raise WorkloadError(f"workload.shared_prefix_tokens = {self.shared_prefix_tokens} must be in [0, {MAX_TOKENS:,}]")
+        if self.prefix_block_tokens > MAX_TOKENS:
+            raise WorkloadError(f"workload.prefix_block_tokens = {self.prefix_block_tokens} is past the limit {MAX_TOKENS:,}")
         if self.prefix_block_tokens < 1:
             raise WorkloadError(f"workload.prefix_block_tokens = {self.prefix_block_tokens} must be >= 1")
         if self.arrival == "trace":
@@ -258,14 +293,16 @@ def _number(table: Mapping[str, Any], key: str, where: str, *, integer: bool = F
     if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
         kind = "an integer" if integer else "a number"
         raise WorkloadError(f"{where}.{key} = {value!r} must be {kind}")
+    if not math.isfinite(value):
+        raise WorkloadError(f"{where}.{key} = {value!r} must be a finite number")
     return value if integer else float(value)
 
 
 def parse_length(value: Any, where: str, base_dir: Path | None = None) -> LengthSpec:
     """An integer (fixed) or a distribution table -> LengthSpec; ``where`` names the field in errors."""
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise WorkloadError(f"{where} = {value} must be >= 1")
+        if not 1 <= value <= MAX_TOKENS:
+            raise WorkloadError(f"{where} = {value} must be in [1, {MAX_TOKENS:,}] tokens")
         return LengthSpec(distribution="fixed", value=value)
     if not isinstance(value, Mapping):
         raise WorkloadError(f"{where} = {value!r} must be an integer or a table with 'distribution'")
@@ -311,26 +348,50 @@ def parse_length(value: Any, where: str, base_dir: Path | None = None) -> Length
         raise WorkloadError(f"{where}: {exc}") from None
 
 
+def _largest(length: LengthSpec) -> int:
+    """The longest length ``length`` is set to draw: its value, sample maximum or clip (0 for an
+    unclipped normal or lognormal, whose tail the user did not bound)."""
+    if length.distribution == "fixed":
+        return int(length.value)  # type: ignore[arg-type]
+    if length.distribution == "empirical":
+        return min(max(length.values), length.max_tokens or MAX_TOKENS)
+    return length.max_tokens or 0
+
+
 def _resolve(path: Any, base_dir: Path | None, where: str) -> Path:
     if not isinstance(path, str | Path):
         raise WorkloadError(f"{where} = {path!r} must be a file path string")
     resolved = Path(path)
     if not resolved.is_absolute() and base_dir is not None:
         resolved = Path(base_dir) / resolved
+    if resolved.is_dir():
+        raise WorkloadError(f"{where} = '{path}' is a folder, not a file (resolved to '{resolved}')")
     if not resolved.is_file():
         raise WorkloadError(f"{where} = '{path}': file not found (resolved to '{resolved}')")
     return resolved
 
 
 def _read_column(path: Path, column: Any, where: str) -> tuple[int, ...]:
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        if column not in (reader.fieldnames or ()):
-            raise WorkloadError(f"{where} = {column!r} is not a column of '{path}'; columns: {reader.fieldnames}")
-        try:
-            return tuple(round(float(row[column])) for row in reader)
-        except (TypeError, ValueError) as exc:
-            raise WorkloadError(f"{where} = {column!r} in '{path}' has a non-numeric value: {exc}") from None
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            if column not in (reader.fieldnames or ()):
+                raise WorkloadError(f"{where} = {column!r} is not a column of '{path}'; columns: {reader.fieldnames}")
+            values = []
+            for line, row in enumerate(reader, start=2):
+                try:
+                    value = float(row[column])
+                except (TypeError, ValueError):
+                    raise WorkloadError(f"{where} = {column!r} in '{path}' line {line}: {row[column]!r} is not a number") from None
+                if not (math.isfinite(value) and 0 <= value <= MAX_TOKENS):
+                    raise WorkloadError(f"{where} = {column!r} in '{path}' line {line}: {value!r} must be a finite "
+                                        f"token count in [0, {MAX_TOKENS:,}]")
+                values.append(round(value))
+            return tuple(values)
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"{where}: '{path}' is not UTF-8 text (byte {exc.start}); save it as UTF-8 CSV") from None
+    except csv.Error as exc:
+        raise WorkloadError(f"{where}: '{path}' is not a well-formed CSV: {exc}") from None
 
 
 def parse_workload(table: Mapping[str, Any], base_dir: Path | None = None) -> WorkloadSpec:
@@ -350,6 +411,12 @@ def parse_workload(table: Mapping[str, Any], base_dir: Path | None = None) -> Wo
     for key in ("prompt_tokens", "output_tokens"):
         if key in table:
             fields[key] = parse_length(table[key], f"workload.{key}", base_dir)
+    output = fields.get("output_tokens")
+    if output is not None and _largest(output) > MAX_OUTPUT_TOKENS:
+        raise WorkloadError(
+            f"workload.output_tokens reaches {_largest(output):,} tokens, past the limit of {MAX_OUTPUT_TOKENS:,} "
+            "(one engine step per output token; no served model generates more)"
+        )
     if "trace" in table:
         fields["trace"] = str(_resolve(table["trace"], base_dir, "workload.trace"))
     if "sessions" in table:
@@ -431,6 +498,10 @@ def _session_requests(spec: WorkloadSpec, sessions: SessionSpec, rng: np.random.
     starts = arrival_times_s(spec.arrival, n, spec.rate_per_s, spec.burstiness, rng)  # type: ignore[arg-type]
     turns = sessions.turns.sample(rng, n)  # type: ignore[arg-type]
     total = int(turns.sum())
+    if total > 10 * MAX_NUM_REQUESTS:
+        raise WorkloadError(
+            f"workload.sessions.turns: {n:,} sessions hold {total:,} turns, past the limit of {10 * MAX_NUM_REQUESTS:,}"
+        )
     think = rng.exponential(sessions.think_time_s, size=total) if sessions.think_time_s > 0 else np.zeros(total)
     users = spec.prompt_tokens.sample(rng, total)  # type: ignore[union-attr]
     outputs = spec.output_tokens.sample(rng, total)  # type: ignore[union-attr]
@@ -497,6 +568,8 @@ def read_trace(path: str | Path, *, limit: int | None = None) -> list[RequestSpe
     output are kept with the count raised to 1 (a request always has one of each).
     """
     file = Path(path)
+    if file.is_dir():
+        raise WorkloadError(f"workload.trace = '{path}' is a folder, not a trace file")
     if not file.is_file():
         raise WorkloadError(f"workload.trace = '{path}': file not found")
     if limit is not None and limit < 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -36,15 +37,39 @@ class TraceRow(NamedTuple):
 
 def read_trace_rows(file: Path, limit: int | None) -> list[TraceRow]:
     """The first ``limit`` rows (all when None) of a CSV or JSONL (``.jsonl``/``.json``) trace."""
-    return _read_jsonl(file, limit) if file.suffix in (".jsonl", ".json") else _read_csv(file, limit)
+    try:
+        return _read_jsonl(file, limit) if file.suffix in (".jsonl", ".json") else _read_csv(file, limit)
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(f"workload.trace = '{file}' is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except csv.Error as exc:
+        raise WorkloadError(f"workload.trace = '{file}' is not a well-formed CSV: {exc}") from None
+
+
+# Longest request length a trace row may give (as workloads.requests.MAX_TOKENS).
+_MAX_TRACE_TOKENS = 10_000_000
+
+
+def _tokens(value: object, where: str, name: str) -> int:
+    """A token count of a trace row: a finite number in [0, 10^7], rounded."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise WorkloadError(f"{where}: {name} {value!r} is not a number") from None
+    if not (math.isfinite(number) and 0 <= number <= _MAX_TRACE_TOKENS):
+        raise WorkloadError(f"{where}: {name} {value!r} must be a finite token count in [0, {_MAX_TRACE_TOKENS:,}]")
+    return round(number)
 
 
 def _timestamp_s(text: str, where: str) -> float:
     """Seconds from a number or an ISO date-time (Azure: '2023-11-16 18:15:46.6805900'; naive = UTC)."""
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise WorkloadError(f"{where}: timestamp {text!r} must be a finite number")
+        return seconds
     try:
         stamp = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -56,7 +81,7 @@ def _timestamp_s(text: str, where: str) -> float:
 
 def _read_csv(file: Path, limit: int | None) -> list[TraceRow]:
     rows: list[TraceRow] = []
-    with file.open(newline="") as f:
+    with file.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         header = [name.strip() for name in reader.fieldnames or ()]
         columns = next((c for c in _CSV_COLUMNS if set(c) <= set(header)), None)
@@ -71,17 +96,16 @@ def _read_csv(file: Path, limit: int | None) -> list[TraceRow]:
             if limit is not None and len(rows) >= limit:
                 break
             where = f"workload.trace = '{file}' line {line}"
-            try:
-                prompt, output = round(float(row[prompt_key])), round(float(row[output_key]))
-            except (TypeError, ValueError):
-                raise WorkloadError(f"{where}: token counts {row[prompt_key]!r}, {row[output_key]!r} are not numbers") from None
+            prompt, output = _tokens(row[prompt_key], where, prompt_key), _tokens(row[output_key], where, output_key)
+            if row[time_key] is None:
+                raise WorkloadError(f"{where}: the row has no {time_key}")
             rows.append(TraceRow(_timestamp_s(row[time_key], where), prompt, output, None, (), 16))
     return rows
 
 
 def _read_jsonl(file: Path, limit: int | None) -> list[TraceRow]:
     rows: list[TraceRow] = []
-    with file.open() as f:
+    with file.open(encoding="utf-8") as f:
         for line, text in enumerate(f, start=1):
             if limit is not None and len(rows) >= limit:
                 break
@@ -91,14 +115,19 @@ def _read_jsonl(file: Path, limit: int | None) -> list[TraceRow]:
             try:
                 record = json.loads(text)
                 stamp_s = float(record["timestamp"]) * _MS_TO_S
-                prompt, output = int(record["input_length"]), int(record["output_length"])
+                prompt_value, output_value = record["input_length"], record["output_length"]
                 hashes = tuple(int(h) for h in record.get("hash_ids", ()))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                session = record.get("session_id", record.get("chat_id"))
+                session = None if session is None else int(session)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
                 raise WorkloadError(
                     f"{where}: needs JSON with numeric timestamp (ms), input_length, output_length "
                     f"[, hash_ids]: {exc!r}"
                 ) from None
-            session = record.get("session_id", record.get("chat_id"))
-            rows.append(TraceRow(stamp_s, prompt, output, None if session is None else int(session), hashes,
+            prompt = _tokens(prompt_value, where, "input_length")
+            output = _tokens(output_value, where, "output_length")
+            if not math.isfinite(stamp_s):
+                raise WorkloadError(f"{where}: timestamp {record['timestamp']!r} must be a finite number")
+            rows.append(TraceRow(stamp_s, prompt, output, session, hashes,
                          MOONCAKE_BLOCK_TOKENS))
     return rows

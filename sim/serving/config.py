@@ -150,7 +150,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     w = "serving"
     _check_keys(table, w, SERVING_KEYS)
     for key in ("weight_precision", "kv_precision"):
-        if key in table and table[key] not in BYTES_PER_ELEMENT:
+        if key in table and (not isinstance(table[key], str) or table[key] not in BYTES_PER_ELEMENT):
             raise ConfigError(f"serving.{key} = {table[key]!r}; allowed: {', '.join(BYTES_PER_ELEMENT)}")
     stack, settings = resolve_settings("serving", {"serving": table})
     spec: dict[str, Any] = dict(

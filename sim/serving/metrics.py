@@ -138,8 +138,8 @@ def parse_slo(table: Mapping[str, Any] | None) -> SloSpec | None:
         raise ConfigError(f"slo: unknown keys {unknown}; allowed: {', '.join(_SLO_KEYS)}")
     values: dict[str, float] = {}
     for key, value in table.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"slo.{key} = {value!r} must be a number")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"slo.{key} = {value!r} must be a finite number")
         values[key] = float(value)
     if not any(key in values for key in ("ttft_s", "tpot_s", "e2e_s")):
         raise ConfigError("slo: give at least one of ttft_s, tpot_s, e2e_s")

@@ -91,6 +91,7 @@ class ServingResult:
                 "utilization": [r.busy_s / duration if duration > 0 else 0.0 for r in pool.replicas],
                 "steps": [r.steps for r in pool.replicas],
             })
+        out["speculative"] = self._speculative_metrics()
         records = self.records()
         prompt = max(1, round(sum(r.prompt_tokens for r in records) / len(records))) if records else 1
         output = max(1, round(sum(r.output_tokens for r in records) / len(records))) if records else 1
@@ -108,6 +109,24 @@ class ServingResult:
         })
         return out
 
+    def _speculative_metrics(self) -> dict[str, Any] | None:
+        """Measured speculation: tokens each decode emission delivered per sequence, against the
+        expectation (1 - a^(k+1)) / (1 - a), and the share of drafting steps' time spent drafting."""
+        spec = self.system.spec.speculative
+        if spec is None:
+            return None
+        emitted = [count for r in self.records() for count in r.token_counts[1:]]
+        costs = [pool.cost for pool in self.system.pools if pool.role != "prefill"]
+        step_s = sum(c.speculative_step_s for c in costs)
+        return {
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance_rate": spec.acceptance_rate,
+            "accepted_tokens_per_step": sum(emitted) / len(emitted) if emitted else None,
+            "expected_tokens_per_step": spec.expected_tokens_per_step(),
+            "draft_time_share": sum(c.draft_s for c in costs) / step_s if step_s > 0 else None,
+            "speculative_steps": sum(c.speculative_steps for c in costs),
+        }
+
     def table(self) -> str:
         m = self.metrics()
         lines = [
@@ -118,8 +137,8 @@ class ServingResult:
             gib = 2**30
             mem = p["memory_bytes"]
             lines.append(
-                f"  {p['role']}: {p['replicas']} x (tp {p['tp']}, ep {p['ep']}, pp {p['pp']}); per GPU weights {mem['weights'] / gib:.1f} GiB, "
-                f"KV {mem['kv_cache'] / gib:.1f} GiB = {p['kv_capacity_tokens']:,} tokens"
+                f"  {p['role']}: {p['replicas']} x (tp {p['tp']}, ep {p['ep']}, pp {p['pp']}); per GPU: weights {mem['weights'] / gib:.1f} GiB, "
+                f"KV {mem['kv_cache'] / gib:.1f} GiB; per replica: KV room for {p['kv_capacity_tokens']:,} tokens"
                 + ("" if p["fits_in_memory"] else f"  DOES NOT FIT (short {p['shortfall_bytes'] / gib:.2f} GiB)")
             )
         lines.append(
@@ -146,6 +165,15 @@ class ServingResult:
         if m["goodput_requests_per_s"] is not None:
             lines.append(
                 f"goodput {m['goodput_requests_per_s']:.3f} req/s; SLO attainment {m['slo_attainment']:.1%}"
+            )
+        sp = m.get("speculative")
+        if sp:
+            accepted = sp["accepted_tokens_per_step"]
+            share = sp["draft_time_share"]
+            lines.append(
+                f"speculation k={sp['num_speculative_tokens']} alpha={sp['acceptance_rate']:g}: "
+                + (f"{accepted:.2f} tokens per decode step (expected {sp['expected_tokens_per_step']:.2f})" if accepted else "no decode steps")
+                + (f"; drafting {share:.1%} of step time" if share is not None else "")
             )
         if m["prefix_cache_hit_rate"]:
             lines.append(f"prefix cache hit rate {m['prefix_cache_hit_rate']:.1%}")

@@ -122,6 +122,11 @@ class StepCostModel:
         self.request_overhead_s = request_overhead_s
         self.draft = draft
         self.draft_free_overhead = draft_free_overhead
+        # speculative statistics of the steps priced by ``step_time_s`` (the engine's steps)
+        self.speculative_steps = 0
+        self.speculative_step_s = 0.0  # time of the steps that drafted
+        self.draft_s = 0.0  # of which drafting (the draft model's passes, or draft-free heads' overhead)
+        self._last_draft_s = 0.0
         model, cluster = shape.model, shape.cluster
         self._gpu = cluster.gpu
         self._precision = compute_precision(shape.weight_precision, shape.activation_precision)
@@ -296,7 +301,12 @@ class StepCostModel:
             else:
                 sampled += 1
         decode_contexts = [c.context_tokens for c in chunks if c.is_decode] if drafts > 0 else []
-        return self.batch_time_s(plan.num_tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+        seconds = self.batch_time_s(plan.num_tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+        if drafts > 0:
+            self.speculative_steps += 1
+            self.speculative_step_s += seconds
+            self.draft_s += self._last_draft_s
+        return seconds
 
     def batch_time_s(
         self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int, *, drafts: int = 0,
@@ -305,12 +315,14 @@ class StepCostModel:
         """A step of ``len(sequences)`` requests, given as (query, key) pairs: forward pass, drafting
         of ``drafts`` tokens for the requests decoding at ``decode_contexts``, and CPU overheads."""
         seconds = self.forward_time_s(tokens, sequences, sampled)
+        self._last_draft_s = 0.0
         if drafts > 0:
             if self.draft is not None:
                 decode = [(1, context + 1) for context in decode_contexts]
-                seconds += drafts * self.draft.forward_time_s(len(decode), decode, len(decode))
+                self._last_draft_s = drafts * self.draft.forward_time_s(len(decode), decode, len(decode))
             else:
-                seconds *= 1.0 + self.draft_free_overhead
+                self._last_draft_s = seconds * self.draft_free_overhead
+            seconds += self._last_draft_s
         return seconds + self.step_overhead_s + self.request_overhead_s * len(sequences)
 
 

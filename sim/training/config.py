@@ -116,11 +116,21 @@ def _fraction(table: Mapping[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
-def _float(table: Mapping[str, Any], key: str, where: str, default: float, minimum: float) -> float:
+def _float(table: Mapping[str, Any], key: str, where: str, default: float, minimum: float, maximum: float) -> float:
     value = table.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
-        raise ConfigError(f"[{where}] {key} = {value!r} must be a number >= {minimum}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not minimum <= value <= maximum:
+        raise ConfigError(f"[{where}] {key} = {value!r} must be a finite number in [{minimum:g}, {maximum:g}]")
     return float(value)
+
+
+# Sizes past these are refused with the limit named (docs/configuration.md): no real run needs more,
+# and beyond them the arrays and loops of a run stop fitting in memory and time.
+MAX_GLOBAL_BATCH = 2**24
+MAX_SEQ_LEN = 10_000_000
+# Both fidelities execute the schedule program pass by pass (micro-batch x stage x chunk); past this
+# many that takes minutes (zb-h1, 8 stages: 2,048 micro-batches 7 s, 65,536 micro-batches 320 s and
+# 7 GB on a loaded 2-core machine). The largest published runs use ~33,000 (GPT 1T: 512 x 64).
+MAX_SCHEDULE_PASSES = 2**17
 
 
 def parse_schedule(parallel: Mapping[str, Any], base_dir: Path | None) -> tuple[str, int]:
@@ -162,6 +172,10 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     for key in ("seq_len", "global_batch"):
         if key not in training:
             raise ConfigError(f"[training] needs '{key}'")
+    for key, limit in (("seq_len", MAX_SEQ_LEN), ("global_batch", MAX_GLOBAL_BATCH), ("micro_batch", MAX_GLOBAL_BATCH)):
+        value = training.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > limit:
+            raise ConfigError(f"[training] {key} = {value} is past the limit {limit:,}")
     job = TrainingJob(
         seq_len=_int(training, "seq_len", "training"),
         global_batch=_int(training, "global_batch", "training"),
@@ -242,9 +256,9 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         plan=plan,
         attention_kernel=attention_kernel,
         dp_comm_overlap=settings["dp_comm_overlap"],
-        expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0),
+        expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0, 1000.0),
         overlap_slowdown=_float(
-            parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0
+            parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
         ),
         framework=stack.name,
         grad_reduce_dtype=grad_reduce,
@@ -313,6 +327,13 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
     if plan.schedule == "interleaved" and num_microbatches % plan.pp:
         raise InvalidPlanError(
             f"schedule 'interleaved' needs the {num_microbatches} micro-batches to be a multiple of pp {plan.pp}"
+        )
+    passes = num_microbatches * plan.pp * plan.virtual_stages
+    if passes > MAX_SCHEDULE_PASSES:
+        raise InvalidPlanError(
+            f"{num_microbatches:,} micro-batches x pp {plan.pp} x {plan.virtual_stages} chunks = {passes:,} scheduled "
+            f"passes, past the limit of {MAX_SCHEDULE_PASSES:,} (checking and executing the schedule takes minutes "
+            "beyond it); use fewer micro-batches: a larger training.micro_batch or a smaller training.global_batch"
         )
     schedule_program(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # the program is valid
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:

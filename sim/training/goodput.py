@@ -54,15 +54,21 @@ def _positive(table: Mapping[str, Any], key: str, where: str, default: float | N
     return float(value)
 
 
+def _table(table: Any, where: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``table`` checked to be a table holding only ``keys``."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{where}] must be a table with {', '.join(keys)}")
+    unknown = sorted(set(table) - set(keys))
+    if unknown:
+        raise ConfigError(f"[{where}] unknown key '{unknown[0]}'; allowed: {', '.join(keys)}")
+    return table
+
+
 def parse_checkpoint(table: Any) -> CheckpointSpec | None:
     if table is None:
         return None
     where = "training.checkpoint"
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{where}] must be a table with {', '.join(CHECKPOINT_KEYS)}")
-    unknown = sorted(set(table) - set(CHECKPOINT_KEYS))
-    if unknown:
-        raise ConfigError(f"[{where}] unknown key '{unknown[0]}'; allowed: {', '.join(CHECKPOINT_KEYS)}")
+    table = _table(table, where, CHECKPOINT_KEYS)
     for key in ("interval_s", "storage_Bps_per_node"):
         if key not in table:
             raise ConfigError(f"[{where}] needs '{key}'")
@@ -79,11 +85,7 @@ def parse_failures(table: Any) -> FailureSpec | None:
     if table is None:
         return None
     where = "training.failures"
-    if not isinstance(table, dict):
-        raise ConfigError(f"[{where}] must be a table with {', '.join(FAILURE_KEYS)}")
-    unknown = sorted(set(table) - set(FAILURE_KEYS))
-    if unknown:
-        raise ConfigError(f"[{where}] unknown key '{unknown[0]}'; allowed: {', '.join(FAILURE_KEYS)}")
+    table = _table(table, where, FAILURE_KEYS)
     given = [key for key in ("mtbf_hours_per_gpu", "mtbf_hours_per_node") if key in table]
     if len(given) != 1:
         raise ConfigError(f"[{where}] needs exactly one of mtbf_hours_per_gpu, mtbf_hours_per_node (got {given or 'none'})")

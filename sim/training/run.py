@@ -262,7 +262,10 @@ class TrainingResult:
             from sim.training.trace import plot_pipeline_timeline
 
             plot = out_dir / "pipeline_timeline.png"
-            plot_pipeline_timeline(self.events, plot, max_microbatches=min(8, self.setup.num_microbatches))
+            # enough micro-batches to pass the warm-up (pp x chunks) into the steady state
+            plan = self.setup.plan
+            shown = min(self.setup.num_microbatches, max(8, 2 * plan.pp * plan.virtual_stages + 2))
+            plot_pipeline_timeline(self.events, plot, max_microbatches=shown, total_microbatches=self.setup.num_microbatches)
             paths.append(plot)
         return paths
 

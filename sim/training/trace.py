@@ -78,7 +78,11 @@ def write_chrome_trace(
     return target
 
 
-def plot_pipeline_timeline(events: Iterable[TraceEvent], path: str | Path, *, max_microbatches: int = 8) -> Path:
+KIND_NAMES = {"F": "F: forward", "B": "B: backward (input gradients)", "W": "W: backward (weight gradients)"}
+
+
+def plot_pipeline_timeline(events: Iterable[TraceEvent], path: str | Path, *, max_microbatches: int = 8,
+                           total_microbatches: int | None = None) -> Path:
     """Gantt chart (PNG, Agg backend) of the F/B/W ops of micro-batches 0..max_microbatches-1 per stage.
 
     Bars are coloured by kind and labelled with the micro-batch number (``mb.chunk`` with
@@ -107,19 +111,26 @@ def plot_pipeline_timeline(events: Iterable[TraceEvent], path: str | Path, *, ma
             if bars:
                 axes.broken_barh(
                     bars, (stage - 0.4, 0.8), facecolors=KIND_COLOURS[kind], edgecolor="white", linewidth=0.5,
-                    label=kind if stage == stages[0] else None,
+                    label=KIND_NAMES[kind] if stage == stages[0] else None,
                 )
     for e in ops:
         width_ms = (e.end_s - e.start_s) * ms_per_s
         if end_ms > 0.0 and width_ms > 0.012 * end_ms:  # label only bars wide enough to read
             label = e.name[1:]  # "3", or "3.c1" with interleaving
             axes.text((e.start_s * ms_per_s) + width_ms / 2, e.stage, label, ha="center", va="center", fontsize=6, color="white")
+    # the steady state starts with the first backward on stage 0 (one F and one B per slot from then on)
+    first_backward = min((e.start_s for e in ops if e.stage == stages[0] and e.args["kind"] == "B"), default=None) if stages else None
+    if first_backward is not None:
+        axes.axvline(first_backward * ms_per_s, color="black", linestyle="--", linewidth=0.8, label="steady state starts")
     axes.set_yticks(stages, [f"stage {s}" for s in stages])
     axes.invert_yaxis()
     axes.set_xlabel("time (ms)")
-    axes.set_title(f"pipeline timeline, micro-batches 0..{max_microbatches - 1}")
+    drawn = f"micro-batches 0..{max_microbatches - 1}"
+    if total_microbatches is not None:
+        drawn += f" of {total_microbatches}" + (" (all)" if max_microbatches >= total_microbatches else "")
+    axes.set_title(f"pipeline timeline, {drawn} (wide bars carry their micro-batch number)", fontsize=9)
     if ops:
-        axes.legend(loc="upper right", fontsize=7)
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, frameon=False)
     figure.tight_layout()
     target = Path(path)
     figure.savefig(target, format="png", dpi=120)

@@ -1,0 +1,176 @@
+"""Each crash class the new-user fuzzing of issue 12 found, from the CLI: one ``error:`` line naming
+the field (exit 2), or a result with strict JSON; never a traceback, never a hang."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINING = ROOT / "examples" / "train-zb-h1.toml"
+SERVING = ROOT / "examples" / "llama3-70b-h100-serving.toml"
+TRACE = ROOT / "examples" / "serve-azure-conv-trace-a100.toml"
+
+INLINE = """
+[model]
+layers = 4
+hidden = 1024
+heads = 16
+kv_heads = 16
+ffn_hidden = 4096
+vocab = 32000
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = 1
+[training]
+seq_len = 1024
+global_batch = 4
+"""
+
+
+def error_of(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.fixture()
+def inline(tmp_path: Path) -> Path:
+    path = tmp_path / "inline.toml"
+    path.write_text(INLINE)
+    return path
+
+
+# ---- files that are not UTF-8 or not well formed ----------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
+def test_config_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str], encoding: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_bytes(INLINE.replace('name = ', 'name = ').replace("[model]", '[model]\nnotes = "caf\u00e9"').encode(encoding))
+    assert "is not UTF-8 text" in error_of(capsys, "simulate", path)
+
+
+def test_config_path_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "is a folder, not a TOML file" in error_of(capsys, "simulate", tmp_path)
+
+
+def test_deeply_nested_toml(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    assert "nests tables or arrays too deeply" in error_of(capsys, "simulate", path)
+
+
+@pytest.mark.parametrize(
+    "name, content, fragment",
+    [
+        ("latin.csv", b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,1\xe90,5\n", "is not UTF-8 text"),
+        ("nan.csv", b"arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,5\nnan,10,5\n", "line 3: timestamp 'nan' must be a finite"),
+        ("abc.jsonl", b'{"timestamp": 0, "input_length": "abc", "output_length": 3}\n', "line 1: input_length 'abc' is not a number"),
+        ("inf.jsonl", b'{"timestamp": 0, "input_length": Infinity, "output_length": 3}\n', "line 1: input_length inf must be a finite"),
+    ],
+)
+def test_malformed_traces_name_file_and_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str,
+                                              content: bytes, fragment: str) -> None:
+    trace = tmp_path / name
+    trace.write_bytes(content)
+    line = error_of(capsys, "simulate", TRACE, "--set", f"workload.trace='{trace}'")
+    assert f"workload.trace = '{trace}'" in line and fragment in line
+
+
+def test_trace_path_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "is a folder" in error_of(capsys, "simulate", TRACE, "--set", f"workload.trace='{tmp_path}'")
+
+
+def test_empirical_lengths_from_a_binary_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    binary = tmp_path / "lengths.csv"
+    binary.write_bytes(bytes(range(256)) * 4)
+    value = f"{{distribution='empirical', path='{binary}', column='x'}}"
+    line = error_of(capsys, "simulate", SERVING, "--set", f"workload.prompt_tokens={value}")
+    assert "workload.prompt_tokens" in line and "not UTF-8" in line
+
+
+# ---- non-finite and absurd numbers ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "assignment, fragment",
+    [
+        ("parallel.overlap_slowdown=inf", "[parallel] overlap_slowdown = inf must be a finite number"),
+        ("parallel.overlap_slowdown=nan", "[parallel] overlap_slowdown = nan must be a finite number"),
+        ("parallel.expert_load_imbalance=nan", "[parallel] expert_load_imbalance = nan"),
+        ("parallel.expert_load_imbalance=1e300", "[parallel] expert_load_imbalance = 1e+300"),
+        ("training.global_batch=1099511627776", "[training] global_batch = 1099511627776 is past the limit 16,777,216"),
+        ("cluster.num_gpus=1099511627776", "[cluster] num_gpus = 1099511627776 is past the limit 1,000,000"),
+    ],
+)
+def test_training_numbers(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
+    assert fragment in error_of(capsys, "simulate", TRAINING, "--set", assignment)
+
+
+@pytest.mark.parametrize(
+    "assignment, fragment",
+    [
+        ("workload.output_tokens=1000000", "workload.output_tokens reaches 1,000,000 tokens, past the limit of 131,072"),
+        ("workload.num_requests=1099511627776", "workload.num_requests = 1,099,511,627,776 is past the limit of 200,000"),
+        ("workload.prompt_tokens={distribution='zipf', exponent=1.1, min=1, max=1099511627776}", "past the limit of 10,000,000 tokens"),
+        ("workload.prompt_tokens={distribution='zipf', exponent=1.1, min=1, max=5000000}", "past the limit of 1,000,000"),
+        ("workload.prompt_tokens={distribution='lognormal', mu=1000.0, sigma=1.0}", "workload.prompt_tokens: mu = 1000.0 must be a finite"),
+        ("workload.rate_per_s=nan", "workload.rate_per_s = nan must be a finite number"),
+        ("workload.burstiness=inf", "workload.burstiness = inf must be a finite number"),
+        ("slo.ttft_s=inf", "slo.ttft_s = inf must be a finite number"),
+    ],
+)
+def test_serving_numbers(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
+    assert fragment in error_of(capsys, "simulate", SERVING, "--set", assignment)
+
+
+def test_lognormal_with_mu_runs_without_overflow(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", str(SERVING), "--set", "workload.num_requests=5", "--format", "json",
+                 "--set", "workload.prompt_tokens={distribution='lognormal', mu=6.0, sigma=0.5}"])
+    captured = capsys.readouterr()
+    assert code == 0 and "RuntimeWarning" not in captured.err and json.loads(captured.out)["completed"] == 5
+
+
+@pytest.mark.parametrize(
+    "assignment, fragment",
+    [
+        ("model.experts=-1", "experts = -1 must be >= 0"),
+        ("model.q_lora_rank=-1", "q_lora_rank = -1 must be >= 0"),
+        ("model.head_dim=-1", "head_dim = -1 must be >= 0"),
+        ("model.shared_experts=-1", "shared_experts = -1 must be >= 0"),
+        ("model.layers=1000000000", "layers = 1000000000 is past the limit 100,000"),
+    ],
+)
+def test_inline_model_fields(inline: Path, capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
+    assert fragment in error_of(capsys, "simulate", inline, "--set", assignment)
+
+
+def test_model_name_of_the_wrong_type(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "[model] name = 1 must be a string" in error_of(capsys, "simulate", TRAINING, "--set", "model.name=1")
+
+
+# ---- hangs ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fidelity", ["des", "analytic"])
+def test_huge_batch_is_refused_with_the_limit(capsys: pytest.CaptureFixture[str], fidelity: str) -> None:
+    line = error_of(capsys, "simulate", TRAINING, "--set", "training.global_batch=1048576", "--fidelity", fidelity)
+    assert "scheduled passes, past the limit of 131,072" in line and "training.micro_batch" in line
+
+
+def test_outputs_past_the_context_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", str(SERVING), "--set", "workload.num_requests=2", "--set", "workload.output_tokens=9000",
+                 "--set", "workload.prompt_tokens=100", "--format", "json"])
+    captured = capsys.readouterr()
+    assert code == 0 and "2 of 2 requests have prompt + output tokens past the 8192-token context" in captured.err
+
+
+def test_seed_negative_in_the_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert "workload.seed = -1 must be >= 0" in error_of(capsys, "simulate", SERVING, "--set", "workload.seed=-1")
