@@ -32,6 +32,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from workloads.errors import InvalidPlanError
 
 SCHEDULES: tuple[str, ...] = (
@@ -238,30 +240,38 @@ def _greedy(
     free, held = [0.0] * pp, [0] * pp
     steps: list[list[Step]] = [[] for _ in range(pp)]
     remaining = 3 * m * chunks
+
+    def stage_choice(s: int) -> tuple[Any, ...] | None:
+        """((start time, stage), op) of the op stage ``s`` would run next, or None if none is ready."""
+        cands = []
+        for g in local[s]:
+            i = next_b[g]
+            if i < m and f_done[g][i] is not None and (g == chunks - 1 or b_done[g + 1][i] is not None):
+                ready = max(f_done[g][i], b_done[g + 1][i] if g < chunks - 1 else 0.0)  # type: ignore[type-var]
+                cands.append((ready, 1 if forward_first else 0, i, -g, "B", g))
+            i = next_f[g]
+            if i < m and (g == 0 or f_done[g - 1][i] is not None) and held[s] + 1 + later[g] <= limits[s]:
+                cands.append((f_done[g - 1][i] if g else 0.0, 0 if forward_first else 1, i, -g, "F", g))
+        if pending_w[s]:
+            ready, i, g = pending_w[s][0]
+            cands.append((ready, 2, i, -g, "W", g))
+        if not cands:
+            return None
+        t = max(free[s], min(c[0] for c in cands))
+        return (t, s), min((c for c in cands if c[0] <= t), key=lambda c: c[1:4])
+
+    # A stage's choice depends on its own state and on its chunks' neighbours: after an op of chunk g
+    # only its stage and the stage of g + 1 (after an F) or g - 1 (after a B) can choose differently.
+    choices: list[tuple[Any, ...] | None] = [None] * pp
+    dirty = set(range(pp))
     while remaining:
-        best: tuple[Any, ...] | None = None
-        for s in range(pp):
-            cands = []
-            for g in local[s]:
-                i = next_b[g]
-                if i < m and f_done[g][i] is not None and (g == chunks - 1 or b_done[g + 1][i] is not None):
-                    ready = max(f_done[g][i], b_done[g + 1][i] if g < chunks - 1 else 0.0)  # type: ignore[type-var]
-                    cands.append((ready, 1 if forward_first else 0, i, -g, "B", g))
-                i = next_f[g]
-                if i < m and (g == 0 or f_done[g - 1][i] is not None) and held[s] + 1 + later[g] <= limits[s]:
-                    cands.append((f_done[g - 1][i] if g else 0.0, 0 if forward_first else 1, i, -g, "F", g))
-            if pending_w[s]:
-                ready, i, g = pending_w[s][0]
-                cands.append((ready, 2, i, -g, "W", g))
-            if not cands:
-                continue
-            t = max(free[s], min(c[0] for c in cands))
-            choice = min((c for c in cands if c[0] <= t), key=lambda c: c[1:4])
-            key = (t, s)
-            if best is None or key < best[0]:
-                best = (key, s, choice)
-        if best is None:
+        for s in dirty:
+            choices[s] = stage_choice(s)
+        made = [c for c in choices if c is not None]
+        if not made:
             raise InvalidPlanError(f"schedule cannot proceed under its activation limits {limits} (pp = {pp}, m = {m})")
+        key, choice = min(made, key=lambda c: c[0])
+        best = (key, key[1], choice)
         (t, _), s, (_, _, i, _, kind, g) = best
         c = index_of[g]
         if kind == "F":
@@ -289,6 +299,11 @@ def _greedy(
             steps[s].append(("W", i, c))
             remaining -= 1
         free[s] = end
+        dirty = {s}
+        if kind == "F" and g < chunks - 1:
+            dirty.add(place[g + 1])
+        elif kind == "B" and g > 0:
+            dirty.add(place[g - 1])
     return steps
 
 
@@ -464,22 +479,32 @@ def _pareto(vectors: tuple[Vector, ...]) -> tuple[Vector, ...]:
     return tuple(kept)
 
 
-# A node's paths: per tracked weighting, (score, vector) of the longest path ending at the node.
-Paths = tuple[tuple[int, Vector], ...]
-_ZERO: Paths = tuple((0, (0, 0, 0)) for _ in _WEIGHTS)
+# A node's paths: per tracked weighting (rows), the score and the (F, B, W) op counts of the longest
+# path ending at the node (columns score, F, B, W) as one int64 array, so each op of the executor's
+# loop is a few whole-array operations rather than a Python loop over the weightings.
+Paths = np.ndarray
+_ZERO: Paths = np.zeros((len(_WEIGHTS), 4), dtype=np.int64)
+_WEIGHT_MATRIX = np.array(_WEIGHTS, dtype=np.int64)
+
+
+def _step(df: int, db: int, dw: int) -> np.ndarray:
+    """What one op adds to every tracked path: its weighted time and its (F, B, W) counts."""
+    delta = np.empty((len(_WEIGHTS), 4), dtype=np.int64)
+    delta[:, 0] = _WEIGHT_MATRIX @ np.array((df, db, dw), dtype=np.int64)
+    delta[:, 1:] = (df, db, dw)
+    return delta
+
+
+_F_STEP, _W_STEP = _step(1, 0, 0), _step(0, 0, 1)
+_B_STEP = {True: _step(0, 1, 1), False: _step(0, 1, 0)}  # fused B+W, or B alone
 
 
 def _longer(a: Paths, b: Paths) -> Paths:
-    return a if a is b else tuple(x if x[0] >= y[0] else y for x, y in zip(a, b))
+    """Per weighting, the longer of the two paths (``a`` on ties)."""
+    return a if a is b else np.where((a[:, 0] >= b[:, 0])[:, None], a, b)
 
 
-def _extend(paths: Paths, df: int, db: int, dw: int) -> Paths:
-    return tuple(
-        (score + wf * df + wb * db + ww * dw, (x + df, y + db, z + dw))
-        for (score, (x, y, z)), (wf, wb, ww) in zip(paths, _WEIGHTS)
-    )
-
-
+@lru_cache(maxsize=8)  # validation and ``program_profile`` execute the same program back to back
 def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int]:
     """Run the program with its dependencies (F after the previous chunk's F, B after the next
     chunk's B, or its fused B+W) on uniform stages, tracking for every op the longest path ending at
@@ -496,6 +521,7 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
     held, peak = [0] * pp, [0] * pp
     last_held = last_peak = 0
     fused = 0 if program.split_backward else 1
+    b_step = _B_STEP[bool(fused)]
     progressed = True
     while any(pointer[s] < len(program.steps[s]) for s in range(pp)):
         if not progressed:
@@ -514,7 +540,7 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                     dep = f_paths.get((g - 1, mb)) if g > 0 else _ZERO
                     if dep is None:
                         break
-                    paths = _extend(_longer(last[s], dep), 1, 0, 0)
+                    paths = _longer(last[s], dep) + _F_STEP
                     f_paths[(g, mb)] = paths
                     held[s] += 1
                     peak[s] = max(peak[s], held[s])
@@ -525,18 +551,18 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                     dep = b_paths.get((g + 1, mb)) if g < chunks - 1 else _ZERO
                     if dep is None:
                         break
-                    paths = _extend(_longer(last[s], dep), 0, 1, fused)
+                    paths = _longer(last[s], dep) + b_step
                     b_paths[(g, mb)] = paths
                     held[s] -= 1
                     if g == chunks - 1:
                         last_held -= 1
                     pointer[s] += fused  # the W right after a fused B is part of it
                 else:
-                    paths = _extend(last[s], 0, 0, 1)
+                    paths = last[s] + _W_STEP
                 last[s] = paths
                 pointer[s] += 1
                 progressed = True
-    stage_ends = tuple(_pareto(tuple(vec for _, vec in paths)) for paths in last)
+    stage_ends = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in last)
     return stage_ends, tuple(peak), last_peak
 
 
