@@ -24,6 +24,7 @@ shape of Qi et al. 2024 with two chunks and Hanayo's waves with 2 W chunks.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from collections import deque
@@ -262,15 +263,21 @@ def _greedy(
 
     # A stage's choice depends on its own state and on its chunks' neighbours: after an op of chunk g
     # only its stage and the stage of g + 1 (after an F) or g - 1 (after a B) can choose differently.
-    choices: list[tuple[Any, ...] | None] = [None] * pp
+    # The stages' choices sit in a heap by (start time, stage); an entry is stale once its stage chose anew.
+    heap: list[tuple[tuple[float, int], int, tuple[Any, ...]]] = []
+    version = [0] * pp
     dirty = set(range(pp))
     while remaining:
         for s in dirty:
-            choices[s] = stage_choice(s)
-        made = [c for c in choices if c is not None]
-        if not made:
+            version[s] += 1
+            made = stage_choice(s)
+            if made is not None:
+                heapq.heappush(heap, (made[0], version[s], made[1]))
+        while heap and heap[0][1] != version[heap[0][0][1]]:
+            heapq.heappop(heap)
+        if not heap:
             raise InvalidPlanError(f"schedule cannot proceed under its activation limits {limits} (pp = {pp}, m = {m})")
-        key, choice = min(made, key=lambda c: c[0])
+        key, _, choice = heapq.heappop(heap)
         best = (key, key[1], choice)
         (t, _), s, (_, _, i, _, kind, g) = best
         c = index_of[g]
