@@ -69,13 +69,6 @@ def search_goal(config: Mapping[str, Any]) -> str:
 
 def run_search(config: Mapping[str, Any], options: SearchOptions) -> SearchResult:
     """Run the planner that ``[search] goal`` names on ``config``."""
-    goal = search_goal(config)
-    module_name, function_name = PLANNERS[goal].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        raise ConfigError(f"[search] goal = {goal!r}: this planner is not part of this build") from None
-    planner = getattr(module, function_name)
+    module_name, function_name = PLANNERS[search_goal(config)].split(":")
+    planner = getattr(importlib.import_module(module_name), function_name)
     return planner(config, options)

@@ -57,3 +57,13 @@ def test_executors_agree_in_order():
 def test_unknown_goal_names_the_choices():
     with pytest.raises(ConfigError, match=r"\[search\] goal = 'plans' must be one of training, fleet, offload"):
         run_search({"search": {"goal": "plans"}}, None)
+
+
+def test_every_goal_names_a_planner_that_exists():
+    import importlib
+
+    from search.run import PLANNERS
+
+    for target in PLANNERS.values():
+        module, function = target.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), target
