@@ -46,7 +46,7 @@ PARALLEL_KEYS = (
     "expert_load_imbalance",
     "overlap_slowdown",
 )
-ATTENTION_KERNELS = ("flash", "unfused")
+ATTENTION_KERNELS = ("flash", "flash1", "unfused")
 # bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
 GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -70,7 +70,9 @@ class TrainingSetup:
     cluster: Cluster
     job: TrainingJob
     plan: ParallelPlan
-    attention_kernel: str  # "flash" (FlashAttention / cuDNN fused) | "unfused" (scores materialised)
+    # "flash" (FlashAttention-2 / cuDNN fused) | "flash1" (a FlashAttention-1-class fused kernel, e.g.
+    # the 2022 Triton kernel) | "unfused" (scores materialised)
+    attention_kernel: str
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
@@ -83,6 +85,11 @@ class TrainingSetup:
     fp8_recipe: str = "delayed"
     checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
     failures: FailureSpec | None = None  # [training.failures]
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention runs as one fused kernel (no scores in memory)."""
+        return self.attention_kernel != "unfused"
 
     @property
     def grad_reduce_dtype(self) -> str:

@@ -366,7 +366,7 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
     priced = build_iteration_classes(setup, cache)
     setup_context = priced.keys.setup
     capacity = setup.cluster.gpu.hbm_capacity_bytes
-    flash = setup.attention_kernel == "flash"
+    flash = setup.fused_attention
     memory = cache.memo(
         "memory",
         (setup_context, capacity, flash),
