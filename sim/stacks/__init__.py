@@ -34,6 +34,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
         "fp8_recipe": ("training", ("delayed", "current")),
+        "fp8_params": ("training", bool),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
     },

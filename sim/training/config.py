@@ -21,7 +21,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "checkpoint", "failures",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "fp8_params", "checkpoint", "failures",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -77,8 +77,6 @@ class TrainingSetup:
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
     framework: str = "megatron-core"  # the software-stack profile (sim/stacks/training/)
-    # dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"
-    grad_reduce_dtype: str = "fp32"
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
     main_grad_accumulation: str = "fused"
@@ -92,6 +90,11 @@ class TrainingSetup:
     # GPU count on stage 0's group's GPU and node (every stage is priced on its own group's).
     groups: tuple[StageGroup, ...] = ()
     stage_group: tuple[int, ...] = ()
+
+    @property
+    def grad_reduce_dtype(self) -> str:
+        """dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"."""
+        return self.job.grad_reduce_dtype
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -233,9 +236,14 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         cluster = Cluster(gpu=first.gpu, node=first.node, network=first.network, num_gpus=sum(c.num_gpus for c in group_clusters))
     else:
         cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
-    given_precision = "precision" in training
-    for gpu in [c.gpu for c in group_clusters] or [cluster.gpu]:
-        job = replace(job, precision=supported_precision(job.precision, gpu, "training.precision", given=given_precision))
+    precision = job.precision
+    for gpu in [c.gpu for c in group_clusters] or [cluster.gpu]:  # every group's GPU must have it
+        precision = supported_precision(precision, gpu, "training.precision", given="precision" in training)
+    # fp8 primary weights apply to fp8 runs; a stack that keeps them (its profile) runs bf16 without
+    if training.get("fp8_params") and precision != "fp8":
+        warn(f"[training] fp8_params = true does not apply to precision '{precision}' (fp8 only); ignored")
+    job = replace(job, precision=precision, grad_reduce_dtype=grad_reduce,
+                  fp8_params=settings["fp8_params"] and precision == "fp8")
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -285,7 +293,6 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
             parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
         ),
         framework=stack.name,
-        grad_reduce_dtype=grad_reduce,
         main_grad_accumulation=settings["main_grad_accumulation"],
         fp8_recipe=settings["fp8_recipe"],
         checkpoint=checkpoint,
