@@ -187,7 +187,7 @@ def test_stage_groups_need_groups_and_serving_rejects_groups() -> None:
 
 def test_example_reproduces_the_direction_at_size() -> None:
     """examples/train-hetero-a100-h100.toml (Llama-3 70B, 32 A100 + 32 H100): the balanced split
-    [12, 12, 28, 28] against the even one, and both against the one-generation clusters."""
+    [11, 12, 29, 28] (the MILP's) against the even one, and both against the one-generation clusters."""
     from sim.config import load_config
 
     example = load_config(Path(__file__).resolve().parents[2] / "examples" / "train-hetero-a100-h100.toml")
@@ -203,3 +203,29 @@ def test_example_reproduces_the_direction_at_size() -> None:
         one.append(run(c, "analytic")["iteration_time_s"])
     assert one[1] < balanced < even_s < one[0]
     assert balanced / even_s == pytest.approx(0.61, abs=0.03)
+
+
+def test_search_on_groups_chooses_the_split_with_the_milp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`llmsim search` on a heterogeneous cluster: the stage-assignment MILP, fed every stage's own
+    layer seconds (priced on its group's GPU) and capacity, gives the faster H100 stages more layers;
+    the DES confirms it beats the even split."""
+    import json
+
+    cfg = config([A100, H100])
+    cfg["search"] = {"goal": "training"}
+    path = tmp_path / "s.toml"
+    path.write_text(dumps_toml(cfg))
+    assert main(["search", str(path), "--format", "json", "--out", str(tmp_path / "out")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    best = result["best"]
+    split = best["parallel"]["layers_per_stage"]
+    assert best["reason"] == "milp: layers_per_stage" and sum(split) == 32
+    assert min(split[2:]) > max(split[:2])  # the H100 stages hold more layers
+    even = next(c for c in result["candidates"] if c["reason"] == "even split")
+    assert best["metrics"]["iteration_time_s"] < 0.8 * even["metrics"]["iteration_time_s"]
+    assert (tmp_path / "out" / "best.toml").exists()
+    from search.training_refine import stage_assignment_input
+    from sim.training.pricing_cache import PricingCache
+
+    data = stage_assignment_input(parse_training(config([A100, H100])), 80e9, PricingCache())
+    assert data.dense_layer_s_per_stage[0] == data.dense_layer_s_per_stage[1] > 2 * data.dense_layer_s_per_stage[2]
