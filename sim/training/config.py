@@ -12,6 +12,7 @@ from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, sect
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.stacks import resolve_settings
+from sim.training.hetero import StageGroup, place_stages, resolve_groups, stage_groups_for
 from sim.training.goodput import CheckpointSpec, FailureSpec, parse_checkpoint, parse_failures
 from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
 from workloads.errors import InvalidPlanError
@@ -45,6 +46,7 @@ PARALLEL_KEYS = (
     "cp_heads",
     "expert_load_imbalance",
     "overlap_slowdown",
+    "stage_groups",
 )
 ATTENTION_KERNELS = ("flash", "flash1", "unfused")
 # bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
@@ -85,6 +87,11 @@ class TrainingSetup:
     fp8_recipe: str = "delayed"
     checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
     failures: FailureSpec | None = None  # [training.failures]
+    # heterogeneous clusters ([cluster] groups, sim.training.hetero): the groups and the group of
+    # every pipeline stage; empty on a homogeneous cluster. ``cluster`` is then the whole job's
+    # GPU count on stage 0's group's GPU and node (every stage is priced on its own group's).
+    groups: tuple[StageGroup, ...] = ()
+    stage_group: tuple[int, ...] = ()
 
     @property
     def fused_attention(self) -> bool:
@@ -209,6 +216,12 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         if value < 1:
             raise InvalidPlanError(f"parallel.{name} = {value} must be >= 1")
     cluster_table = section(config, "cluster")
+    group_clusters: tuple[Cluster, ...] = ()
+    if "groups" in cluster_table:
+        group_clusters, total_gpus = resolve_groups(cluster_table)
+        cluster_table["num_gpus"] = total_gpus
+    elif "stage_groups" in parallel:
+        raise ConfigError(f"[parallel] stage_groups = {parallel['stage_groups']!r} needs [cluster] groups (a heterogeneous cluster)")
     dp_value = parallel.get("dp", "auto")
     if dp_value == "auto":
         num_gpus = cluster_table.get("num_gpus")
@@ -223,8 +236,16 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         dp = dp_value
     else:
         raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
-    cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
-    precision = supported_precision(job.precision, cluster.gpu, "training.precision", given="precision" in training)
+    stage_group: tuple[int, ...] = ()
+    if group_clusters:
+        stage_group = place_stages(group_clusters, parallel.get("stage_groups"), pp=pp, tp=tp, ranks_per_stage=tp * cp * dp)
+        first = group_clusters[stage_group[0]]
+        cluster = Cluster(gpu=first.gpu, node=first.node, network=first.network, num_gpus=sum(c.num_gpus for c in group_clusters))
+    else:
+        cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+    precision = job.precision
+    for gpu in [c.gpu for c in group_clusters] or [cluster.gpu]:  # every group's GPU must have it
+        precision = supported_precision(precision, gpu, "training.precision", given="precision" in training)
     # fp8 primary weights apply to fp8 runs; a stack that keeps them (its profile) runs bf16 without
     if training.get("fp8_params") and precision != "fp8":
         warn(f"[training] fp8_params = true does not apply to precision '{precision}' (fp8 only); ignored")
@@ -260,6 +281,10 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         cp_heads=_int(parallel, "cp_heads", "parallel", 1),
     )
     validate_plan(model, cluster, job, plan)
+    overlap_slowdowns = [
+        _float(parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(c.gpu.sm_count), 1.0, 100.0)
+        for c in group_clusters
+    ]
     if job.seq_len > model.max_seq_len and model.position != "learned":
         warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
              f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
@@ -279,6 +304,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         fp8_recipe=settings["fp8_recipe"],
         checkpoint=checkpoint,
         failures=failures,
+        groups=stage_groups_for(group_clusters, overlap_slowdowns),
+        stage_group=stage_group,
     )
 
 

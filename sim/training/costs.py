@@ -15,8 +15,10 @@ from typing import Mapping
 
 from hardware.cost import ATTENTION_FA1_RATE
 from hardware.collectives import GroupLinks, collective_time_s
+from hardware.topology import Cluster, spanning_links
 from sim import costmodel
 from sim.training.config import TrainingSetup
+from sim.training.hetero import stage_rank, stage_setup
 from sim.training.activations import layer_activation_parts, stored_activation_bytes
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
@@ -89,8 +91,29 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
 def group_links(setup: TrainingSetup, stage: int, cache: PricingCache | None = None) -> dict[str, GroupLinks]:
     """The links each process group of ``stage`` sees (see ``stage_groups``)."""
     cache = cache if cache is not None else PricingCache()
+    if setup.groups:  # a heterogeneous cluster: the stage's groups inside its own group's cluster
+        sub, local = stage_setup(setup, stage)
+        groups = stage_groups(sub, local)
+        start, stride, _ = groups.pop("pp")
+        links = {axis: cache.group_links(sub.cluster, *spec) for axis, spec in groups.items()}
+        links["pp"] = pipeline_group_links(setup, start, cache)
+        return links
     cluster = setup.cluster
     return {axis: cache.group_links(cluster, *spec) for axis, spec in stage_groups(setup, stage).items()}
+
+
+def pipeline_group_links(setup: TrainingSetup, offset: int, cache: PricingCache) -> GroupLinks:
+    """The links of the pipeline group (rank ``offset`` of every stage) of a heterogeneous cluster:
+    it spans the groups the stages are placed on (``hardware.topology.spanning_links``)."""
+    def compute() -> GroupLinks:
+        parts: dict[int, tuple[Cluster, list[int]]] = {}
+        for stage in range(setup.plan.pp):
+            cluster, rank = stage_rank(setup, stage, offset)
+            parts.setdefault(id(cluster), (cluster, []))[1].append(rank)
+        return spanning_links(list(parts.values()))
+
+    key = (tuple(cache.cluster_id(g.cluster) for g in setup.groups), setup.stage_group, setup.plan.tp * setup.plan.cp * setup.plan.dp, offset)
+    return cache.memo("pipeline_group_links", key, compute)
 
 
 def _sharding(setup: TrainingSetup) -> Sharding:
