@@ -157,8 +157,9 @@ def run_suites(name: str, fidelity: str = "des") -> Report:
             reports.append(run_training_suite(fidelity=fidelity))
             reports.append(run_training_modern_suite(fidelity=fidelity))
         else:
-            from validation.serving_suite import run_serving_inflight_suite, run_serving_suite
+            from validation.serving_suite import run_serving_inflight_suite, run_serving_nanoflow_suite, run_serving_suite
 
             reports.append(run_serving_suite())
             reports.append(run_serving_inflight_suite())
+            reports.append(run_serving_nanoflow_suite())
     return Report(suites=tuple(reports))
