@@ -98,6 +98,7 @@ def _gpu(t: _Table) -> GpuSpec:
         launch_overhead_s=eff.quantity("launch_overhead", _TIME),
         source=eff.take("source", str),
         gemm_memory=eff.take("gemm_memory", float, default=None),
+        gemm_fp8=eff.take("gemm_fp8", float, default=None),
     )
     eff.done()
     price = t.sub("price", optional=True)

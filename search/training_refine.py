@@ -45,7 +45,7 @@ def _stage_bytes(setup: TrainingSetup, stage: int, dense: int, moe: int, recompu
     model, plan, job = setup.model, setup.plan, setup.job
     kind = stage_memory_class(
         model, plan, job, dense_layers=dense, moe_layers=moe, first=stage == 0, last=stage == plan.pp - 1,
-        recomputed_layers=recomputed, flash_attention=setup.attention_kernel == "flash",
+        recomputed_layers=recomputed, flash_attention=setup.fused_attention,
     )
     return kind.total_bytes(inflight_microbatches(plan, setup.num_microbatches, stage))
 
@@ -98,7 +98,7 @@ def recompute_input(setup: TrainingSetup, capacity_bytes: float, cache: PricingC
     counts = stage_layer_counts(model.layers, plan)
     stage_layers = tuple(d + e for d, e in kinds)
     exact = memory_per_stage(model, plan, job, capacity_bytes=capacity_bytes,
-                             flash_attention=setup.attention_kernel == "flash")
+                             flash_attention=setup.fused_attention)
     stage_s, extra_s, saved, working = [], [], [], []
     start = 0
     starts = []

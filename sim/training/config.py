@@ -48,7 +48,7 @@ PARALLEL_KEYS = (
     "overlap_slowdown",
     "stage_groups",
 )
-ATTENTION_KERNELS = ("flash", "unfused")
+ATTENTION_KERNELS = ("flash", "flash1", "unfused")
 # bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
 GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -72,7 +72,9 @@ class TrainingSetup:
     cluster: Cluster
     job: TrainingJob
     plan: ParallelPlan
-    attention_kernel: str  # "flash" (FlashAttention / cuDNN fused) | "unfused" (scores materialised)
+    # "flash" (FlashAttention-2 / cuDNN fused) | "flash1" (a FlashAttention-1-class fused kernel, e.g.
+    # the 2022 Triton kernel) | "unfused" (scores materialised)
+    attention_kernel: str
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
@@ -90,6 +92,11 @@ class TrainingSetup:
     # GPU count on stage 0's group's GPU and node (every stage is priced on its own group's).
     groups: tuple[StageGroup, ...] = ()
     stage_group: tuple[int, ...] = ()
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention runs as one fused kernel (no scores in memory)."""
+        return self.attention_kernel != "unfused"
 
     @property
     def grad_reduce_dtype(self) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from hardware.cost import ATTENTION_FA1_RATE
 from hardware.collectives import GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
@@ -174,8 +175,10 @@ def layer_passes(
         # fp8 training (Transformer Engine) casts both GEMM operands to fp8; activations stay bf16
         weight_bytes_per_element=bytes_per_element(job.precision),
         causal=causal,
-        fused_attention=setup.attention_kernel == "flash",
+        fused_attention=setup.fused_attention,
     )
+    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
+        forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
     if plan.recompute == "full" or full_recompute:
         recompute = forward
     elif plan.recompute == "selective":
@@ -515,7 +518,7 @@ def chunk_cost(
         # its 1/tp slice between stages and the receiver all-gathers it over NVLink
         send /= plan.tp
     parts = layer_activation_parts(
-        model, plan, job, moe=model.is_moe, flash_attention=setup.attention_kernel == "flash", dropout=True
+        model, plan, job, moe=model.is_moe, flash_attention=setup.fused_attention, dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]

@@ -172,7 +172,7 @@ def setup_memory(setup: Any) -> tuple[Any, ...]:
     """``memory.memory_per_stage`` of the setup, every stage checked against its own GPU's capacity."""
     from sim.training.memory import memory_per_stage
 
-    flash = setup.attention_kernel == "flash"
+    flash = setup.fused_attention
     if not setup.groups:
         capacity = setup.cluster.gpu.hbm_capacity_bytes
         return memory_per_stage(setup.model, setup.plan, setup.job, capacity_bytes=capacity, flash_attention=flash)

@@ -411,7 +411,7 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
     plan, model = setup.plan, setup.model
     priced = build_iteration_classes(setup, cache)
     setup_context = priced.keys.setup
-    flash = setup.attention_kernel == "flash"
+    flash = setup.fused_attention
     memory = cache.memo("memory", (setup_context, flash), lambda: setup_memory(setup))
     stages = []
     classes = priced.classes

@@ -42,7 +42,7 @@ def model_flops_per_iteration(setup: TrainingSetup) -> float:
         qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
     else:
         qk = v = model.head_dim
-    if setup.attention_kernel != "flash":
+    if not setup.fused_attention:
         causal = False  # the unfused kernels compute every score of each (query, key) pair, then mask
     per_microbatch_rank = cost.attention_flops(sequences, heads=model.heads, head_dim=qk, causal=causal, v_head_dim=v)
     attention = model.layers * per_microbatch_rank * plan.cp * (job.global_batch / job.micro_batch)

@@ -254,3 +254,16 @@ def test_fp8_primary_weights_drop_the_16_bit_copy_of_matmul_weights() -> None:
     assert primary.weights_bytes == pytest.approx(2 * model.total_parameters(), rel=1e-9)  # fp8 + transpose = 2 B
     assert parse_training(_h100_fp8(framework="megatron-bridge")).job.fp8_params
     assert not parse_training(_h100_fp8(framework="megatron-bridge", precision="bf16")).job.fp8_params
+
+
+def test_llm_foundry_runs_an_fa1_class_attention_kernel() -> None:
+    from hardware.cost import ATTENTION_FA1_RATE
+
+    setup = parse_training({**_config(framework="llm-foundry", precision="bf16"), "parallel": {"tp": 1, "pp": 1, "zero": 3}})
+    assert setup.attention_kernel == "flash1" and setup.fused_attention
+    forward, backward, _ = layer_passes(setup, moe=False)
+    attention = [op for op in forward + backward if op.kind == "attention"]
+    assert len(attention) == 2 and all(op.kernel_rate == ATTENTION_FA1_RATE for op in attention)
+    fa2 = parse_training({**_config(framework="llm-foundry", precision="bf16", attention_kernel="flash"),
+                          "parallel": {"tp": 1, "pp": 1, "zero": 3}})
+    assert all(op.kernel_rate == 1.0 for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
