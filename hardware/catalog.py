@@ -159,6 +159,7 @@ def _node(t: _Table) -> NodeSpec:
         cpu_dram_bandwidth_Bps=t.quantity("cpu_dram_bandwidth", _RATE),
         host_to_device_Bps=t.quantity("host_to_device", _RATE),
         device_to_host_Bps=t.quantity("device_to_host", _RATE),
+        gpus_per_pcie_switch=t.take("gpus_per_pcie_switch", int),
         nvme_capacity_bytes=t.quantity("nvme_capacity", _BYTES),
         nvme_read_Bps=t.quantity("nvme_read", _RATE),
         nvme_write_Bps=t.quantity("nvme_write", _RATE),

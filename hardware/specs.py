@@ -137,6 +137,9 @@ class NodeSpec:
     cpu_dram_bandwidth_Bps: float
     host_to_device_Bps: float  # per GPU, achievable copy-engine bandwidth (PCIe or C2C)
     device_to_host_Bps: float
+    # GPUs that share one link to host memory (a PCIe switch's x16 uplink on an HGX/DGX baseboard):
+    # when all of them copy at once each gets host_to_device / device_to_host divided by this
+    gpus_per_pcie_switch: int = 1
     nvme_capacity_bytes: float
     nvme_read_Bps: float
     nvme_write_Bps: float

@@ -444,20 +444,15 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
     return out
 
 
-# GPUs that share one PCIe switch and its x16 uplink to host memory on an 8-GPU HGX/DGX baseboard
-# (DGX A100 and DGX H100 system topologies: four PCIe switches, two GPUs each); every pipeline stage
-# offloads at once, so each GPU gets half the uplink.
-GPUS_PER_PCIE_SWITCH = 2
-
-
 def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chunk_s: float) -> float:
     """Stall per micro-batch of a chunk that offloads ``offloaded_bytes`` of its activations to host
     memory after F and reloads them before B (PipeOffload, Wan et al. 2025, arXiv 2503.01328): the
     copies run on the copy engines during the stage's other work, one each way per micro-batch and
     ``chunk_s`` of compute per micro-batch to hide them, over the GPU's share of its PCIe switch's
-    uplink; whatever does not fit stalls the backward."""
+    uplink (every pipeline stage offloads at once: the node's ``gpus_per_pcie_switch`` GPUs share it);
+    whatever does not fit stalls the backward."""
     node = setup.cluster.node
-    share = min(GPUS_PER_PCIE_SWITCH, node.gpus_per_node)
+    share = min(node.gpus_per_pcie_switch, node.gpus_per_node)
     seconds = max(offloaded_bytes / (node.host_to_device_Bps / share), offloaded_bytes / (node.device_to_host_Bps / share))
     return max(0.0, seconds - chunk_s)
 
