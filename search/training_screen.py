@@ -79,7 +79,7 @@ def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, cache: dict[C
                 plan, recompute="none", recompute_layers=())
             kind = stage_memory_class(
                 model, stage_plan, job, dense_layers=dense, moe_layers=moe, first=stage == 0, last=stage == plan.pp - 1,
-                recomputed_layers=recomputed, flash_attention=setup.attention_kernel == "flash",
+                recomputed_layers=recomputed, flash_attention=setup.fused_attention,
             )
             floor = max(floor, kind.total_bytes(inflight_microbatches(plan, m, stage)))
         cache[key] = floor

@@ -139,7 +139,7 @@ def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = N
 
 
 MAX_NUM_GPUS = 1_000_000  # the largest clusters built are ~10^5 GPUs; the topology graph grows with it
-CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration")
+CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration", "groups")
 # ``[cluster] calibration = "none"``: no profile, the analytic cost model alone
 NO_CALIBRATION = "none"
 
@@ -165,6 +165,8 @@ def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = No
     """``[cluster]``: GPU (catalog name), GPU count, and optionally node and network names."""
     table = section(config, "cluster")
     reject_unknown_keys(table, "cluster", CLUSTER_KEYS)
+    if "groups" in table:
+        raise ConfigError("[cluster] groups (a heterogeneous cluster) is for training runs; give one gpu and num_gpus for serving")
     if "gpu" not in table:
         raise ConfigError("[cluster] needs 'gpu' (a catalog GPU name; see `llmsim catalog gpus`)")
     num_gpus = table.get("num_gpus", default_num_gpus)

@@ -60,6 +60,7 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
         model = {"name": row["model"]}
     tp, pp = int(row["tp"]), int(row["pp"])
     virtual = int(row["virtual_stages"])
+    parallel_extra = {"recompute_layers": int(row["recompute_layers"])} if row.get("recompute_layers") else {}
     return {
         "model": model,
         "cluster": {"gpu": row["gpu"], "node": row["node"], "network": row["network"], "num_gpus": int(row["num_gpus"])},
@@ -83,6 +84,7 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
             "virtual_stages": virtual,
             "recompute": row["recompute"],
             "tp_comm_overlap": _bool(row["tp_comm_overlap"]),
+            **parallel_extra,
         },
     }
 
@@ -209,8 +211,6 @@ MISSING_MECHANISMS = (
     "GEMM efficiency of the fp8 peak (no measured fp8 GEMM table; backward GEMMs without fast "
     "accumulation are not slowed), the efficiency TP-overlap chunk GEMMs lose is not priced, "
     "no host-dispatch or sustained-clock model; see the closing note of issue 11",
-    "rows predicted not to fit are listed, not failed: the memory model keeps a 16-bit weight copy beside "
-    "the fp8 caches (no fp8 primary weights / --fp8-param-gather) and assumes no recompute where the tables are silent",
 )
 
 
@@ -223,7 +223,7 @@ def run_training_modern_suite(fidelity: str = "des", calibration: str | None = N
         for r in iteration_rows(fidelity, "training_modern.csv", calibration)
     )
     return SuiteReport(suite="training-modern", comparisons=comparisons, thresholds=MODERN_THRESHOLDS,
-                       notes=MISSING_MECHANISMS, require_fit=False)
+                       notes=MISSING_MECHANISMS)
 
 
 def run_training_suite(fidelity: str = "des", calibration: str | None = None) -> SuiteReport:

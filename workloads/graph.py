@@ -57,6 +57,7 @@ class Op:
     recompute: bool = False  # re-run of a forward op inside the backward pass
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
     precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
+    kernel_rate: float = 1.0  # attention: compute rate of the kernel implementation relative to FlashAttention-2
 
     @property
     def gemm_flops(self) -> float:

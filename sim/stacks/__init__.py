@@ -30,10 +30,11 @@ DEFAULT_FRAMEWORK = {"training": "megatron-core", "serving": "vllm"}
 # number, and the config section where a user overrides it.
 SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
     "training": {
-        "attention_kernel": ("training", ("flash", "unfused")),
+        "attention_kernel": ("training", ("flash", "flash1", "unfused")),
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
         "fp8_recipe": ("training", ("delayed", "current")),
+        "fp8_params": ("training", bool),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
     },

@@ -12,6 +12,7 @@ from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, sect
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.stacks import resolve_settings
+from sim.training.hetero import StageGroup, place_stages, resolve_groups, stage_groups_for
 from sim.training.goodput import CheckpointSpec, FailureSpec, parse_checkpoint, parse_failures
 from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
 from workloads.errors import InvalidPlanError
@@ -20,7 +21,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "checkpoint", "failures",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "fp8_params", "checkpoint", "failures",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -45,8 +46,9 @@ PARALLEL_KEYS = (
     "cp_heads",
     "expert_load_imbalance",
     "overlap_slowdown",
+    "stage_groups",
 )
-ATTENTION_KERNELS = ("flash", "unfused")
+ATTENTION_KERNELS = ("flash", "flash1", "unfused")
 # bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
 GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -70,13 +72,13 @@ class TrainingSetup:
     cluster: Cluster
     job: TrainingJob
     plan: ParallelPlan
-    attention_kernel: str  # "flash" (FlashAttention / cuDNN fused) | "unfused" (scores materialised)
+    # "flash" (FlashAttention-2 / cuDNN fused) | "flash1" (a FlashAttention-1-class fused kernel, e.g.
+    # the 2022 Triton kernel) | "unfused" (scores materialised)
+    attention_kernel: str
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
     framework: str = "megatron-core"  # the software-stack profile (sim/stacks/training/)
-    # dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"
-    grad_reduce_dtype: str = "fp32"
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
     main_grad_accumulation: str = "fused"
@@ -85,6 +87,21 @@ class TrainingSetup:
     fp8_recipe: str = "delayed"
     checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
     failures: FailureSpec | None = None  # [training.failures]
+    # heterogeneous clusters ([cluster] groups, sim.training.hetero): the groups and the group of
+    # every pipeline stage; empty on a homogeneous cluster. ``cluster`` is then the whole job's
+    # GPU count on stage 0's group's GPU and node (every stage is priced on its own group's).
+    groups: tuple[StageGroup, ...] = ()
+    stage_group: tuple[int, ...] = ()
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention runs as one fused kernel (no scores in memory)."""
+        return self.attention_kernel != "unfused"
+
+    @property
+    def grad_reduce_dtype(self) -> str:
+        """dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"."""
+        return self.job.grad_reduce_dtype
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -199,6 +216,12 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         if value < 1:
             raise InvalidPlanError(f"parallel.{name} = {value} must be >= 1")
     cluster_table = section(config, "cluster")
+    group_clusters: tuple[Cluster, ...] = ()
+    if "groups" in cluster_table:
+        group_clusters, total_gpus = resolve_groups(cluster_table)
+        cluster_table["num_gpus"] = total_gpus
+    elif "stage_groups" in parallel:
+        raise ConfigError(f"[parallel] stage_groups = {parallel['stage_groups']!r} needs [cluster] groups (a heterogeneous cluster)")
     dp_value = parallel.get("dp", "auto")
     if dp_value == "auto":
         num_gpus = cluster_table.get("num_gpus")
@@ -213,9 +236,21 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         dp = dp_value
     else:
         raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
-    cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
-    job = replace(job, precision=supported_precision(
-        job.precision, cluster.gpu, "training.precision", given="precision" in training))
+    stage_group: tuple[int, ...] = ()
+    if group_clusters:
+        stage_group = place_stages(group_clusters, parallel.get("stage_groups"), pp=pp, tp=tp, ranks_per_stage=tp * cp * dp)
+        first = group_clusters[stage_group[0]]
+        cluster = Cluster(gpu=first.gpu, node=first.node, network=first.network, num_gpus=sum(c.num_gpus for c in group_clusters))
+    else:
+        cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+    precision = job.precision
+    for gpu in [c.gpu for c in group_clusters] or [cluster.gpu]:  # every group's GPU must have it
+        precision = supported_precision(precision, gpu, "training.precision", given="precision" in training)
+    # fp8 primary weights apply to fp8 runs; a stack that keeps them (its profile) runs bf16 without
+    if training.get("fp8_params") and precision != "fp8":
+        warn(f"[training] fp8_params = true does not apply to precision '{precision}' (fp8 only); ignored")
+    job = replace(job, precision=precision, grad_reduce_dtype=grad_reduce,
+                  fp8_params=settings["fp8_params"] and precision == "fp8")
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -246,6 +281,10 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         cp_heads=_int(parallel, "cp_heads", "parallel", 1),
     )
     validate_plan(model, cluster, job, plan)
+    overlap_slowdowns = [
+        _float(parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(c.gpu.sm_count), 1.0, 100.0)
+        for c in group_clusters
+    ]
     if job.seq_len > model.max_seq_len and model.position != "learned":
         warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
              f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
@@ -261,11 +300,12 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
             parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
         ),
         framework=stack.name,
-        grad_reduce_dtype=grad_reduce,
         main_grad_accumulation=settings["main_grad_accumulation"],
         fp8_recipe=settings["fp8_recipe"],
         checkpoint=checkpoint,
         failures=failures,
+        groups=stage_groups_for(group_clusters, overlap_slowdowns),
+        stage_group=stage_group,
     )
 
 

@@ -56,7 +56,7 @@ def _memory_classes(
     just the sharding arithmetic of ``stage_memory_class``."""
     model, plan, job = setup.model, setup.plan, setup.job
     kinds = priced.layout.memory_kinds
-    flash = setup.attention_kernel == "flash"
+    flash = setup.fused_attention
     terms_key = (
         priced.keys.model, job_values(job), flash, (plan.pp if plan.vocab_parallel else plan.pp > 1),
         plan_profile(plan, priced.num_microbatches).last_chunk_inflight, _terms_plan_values(plan), kinds,
@@ -89,7 +89,7 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
     layout = priced.layout
     # the classes depend on the plan beyond _MEMORY_PLAN_FIELDS only through the stage kinds
     classes_key = cache.intern((
-        "memory_classes", priced.keys.model, job_values(job), setup.attention_kernel == "flash", (plan.pp if plan.vocab_parallel else plan.pp > 1),
+        "memory_classes", priced.keys.model, job_values(job), setup.fused_attention, (plan.pp if plan.vocab_parallel else plan.pp > 1),
         plan.world_size > 1, _memory_plan_values(plan), layout.memory_kinds,
     ))
     capacity = setup.cluster.gpu.hbm_capacity_bytes
