@@ -43,6 +43,15 @@ SCHEDULES: tuple[str, ...] = (
 FILE_PREFIX = "file:"  # schedule = "file:PATH": a program from a JSON file
 V_SHAPES = ("zb-v", "v-half", "v-min")  # two chunks per stage in a V (Qi et al. 2024, arXiv 2405.15362)
 _SPLIT = ("zb-h1", "zb-h2") + V_SHAPES
+# Schedules whose iterations tile without a barrier between them. Pipeline training usually
+# all-reduces over all stages before the optimizer step (global gradient norm for clipping, the
+# INF/NaN check of mixed precision), which makes every iteration start from an empty pipeline; ZB-H2
+# replaces it with post-validation: each stage steps its optimizer at once and rolls back in the rare
+# case the later global check fails (Qi et al. ICLR'24, arXiv 2401.10241, Sec. 4; sail-sg/zero-bubble-
+# pipeline-parallelism, "Optimizer Post Validation"). Its program is a parallelogram (every stage
+# busy from its first op to its last on uniform stages), so consecutive iterations interlock and the
+# iteration time is the steady-state period: the longest stage span, first op to optimizer end.
+POST_VALIDATION = ("zb-h2",)
 OpKind = Literal["F", "B", "W"]
 
 
@@ -166,6 +175,12 @@ def splits_backward(schedule: str) -> bool:
     if is_file_schedule(schedule):
         return bool(_load_file(schedule[len(FILE_PREFIX):])["split_backward"])
     return schedule in _SPLIT
+
+
+def tiles_iterations(schedule: str) -> bool:
+    """Whether consecutive iterations of ``schedule`` overlap (``POST_VALIDATION``): the iteration
+    time is then the longest stage span (each stage's first op to its optimizer step's end)."""
+    return schedule in POST_VALIDATION
 
 
 def amortises_gathers(schedule: str) -> bool:
@@ -512,12 +527,13 @@ def _longer(a: Paths, b: Paths) -> Paths:
 
 
 @lru_cache(maxsize=8)  # validation and ``program_profile`` execute the same program back to back
-def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int]:
+def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int, tuple[tuple[Vector, ...], ...]]:
     """Run the program with its dependencies (F after the previous chunk's F, B after the next
     chunk's B, or its fused B+W) on uniform stages, tracking for every op the longest path ending at
     it at each of the ``_WEIGHTS`` op-time ratios. Returns (per stage, the Pareto-maximal (F, B, W) op
     counts of those paths to the stage's last op, peak held chunk-activations per stage, peak
-    micro-batches held by the last chunk). Raises ``InvalidPlanError`` on a deadlock."""
+    micro-batches held by the last chunk, per stage the same counts of the paths to the start of its
+    first op). Raises ``InvalidPlanError`` on a deadlock."""
     pp = program.pp
     chunks = len(program.placement)
     global_of = [program.stage_chunks(s) for s in range(pp)]
@@ -525,6 +541,7 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
     b_paths: dict[tuple[int, int], Paths] = {}
     pointer = [0] * pp
     last: list[Paths] = [_ZERO] * pp
+    first: list[Paths] = [_ZERO] * pp  # the path to the start of each stage's first op
     held, peak = [0] * pp, [0] * pp
     last_held = last_peak = 0
     fused = 0 if program.split_backward else 1
@@ -547,6 +564,8 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                     dep = f_paths.get((g - 1, mb)) if g > 0 else _ZERO
                     if dep is None:
                         break
+                    if pointer[s] == 0:
+                        first[s] = dep
                     paths = _longer(last[s], dep) + _F_STEP
                     f_paths[(g, mb)] = paths
                     held[s] += 1
@@ -558,6 +577,8 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                     dep = b_paths.get((g + 1, mb)) if g < chunks - 1 else _ZERO
                     if dep is None:
                         break
+                    if pointer[s] == 0:
+                        first[s] = dep
                     paths = _longer(last[s], dep) + b_step
                     b_paths[(g, mb)] = paths
                     held[s] -= 1
@@ -570,7 +591,8 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                 pointer[s] += 1
                 progressed = True
     stage_ends = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in last)
-    return stage_ends, tuple(peak), last_peak
+    stage_starts = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in first)
+    return stage_ends, tuple(peak), last_peak, stage_starts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -584,6 +606,8 @@ class ProgramProfile:
     critical_paths: tuple[Vector, ...]
     # per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)
     stage_paths: tuple[tuple[Vector, ...], ...]
+    # per stage, the same for the paths to the start of its first op (when it can begin on uniform stages)
+    stage_start_paths: tuple[tuple[Vector, ...], ...]
     peak_held_chunks: tuple[int, ...]  # per stage, most (micro-batch, chunk) activations held at once
     last_chunk_inflight: int  # most micro-batches whose last-chunk forward has run and backward not
     p2p_boundaries: tuple[int, ...]  # link index of every model-order chunk transition between stages
@@ -626,7 +650,7 @@ def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stag
 def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramProfile:
     """``ProgramProfile`` of ``schedule_program(...)``, computed once per (schedule, pp, m, v)."""
     program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
-    stage_paths, peak, last_peak = _execute(program)
+    stage_paths, peak, last_peak, start_paths = _execute(program)
     paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)
@@ -637,7 +661,7 @@ def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stage
             boundaries.append(min(a, b))
     return ProgramProfile(
         chunks_per_stage=virtual_stages, split_backward=program.split_backward, critical_paths=paths,
-        stage_paths=stage_paths,
+        stage_paths=stage_paths, stage_start_paths=start_paths,
         peak_held_chunks=peak, last_chunk_inflight=last_peak, p2p_boundaries=tuple(boundaries),
     )
 
