@@ -79,11 +79,11 @@ def test_a_trtllm_replica_prices_its_tp_all_reduce_from_the_custom_kernel() -> N
 # ---- the suites: shipped profiles vs the analytic defaults, same code -------------------------------
 
 
-@functools.cache
 def _serving(calibration: str | None) -> SuiteReport:
     from validation.serving_suite import run_serving_suite
 
-    return run_serving_suite(calibration=calibration)
+    # the suite functions are memoized: called as test_serving_validation calls them, the run is shared
+    return run_serving_suite() if calibration is None else run_serving_suite(calibration=calibration)
 
 
 def _summaries(report: SuiteReport) -> dict[str, tuple[float, float]]:
@@ -98,3 +98,22 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
         mape_on, worst_on = on[metric]
         assert mape_on <= mape_off + 1e-12, (metric, mape_on, mape_off)
         assert worst_on <= worst_off + 1e-12, (metric, worst_on, worst_off)
+
+
+def test_shipped_profiles_and_the_training_suites() -> None:
+    """Training-modern: no worse with the shipped profiles. The 2021-22 Megatron rows: worst row no
+    worse, MAPE within 0.25 points (measured 6.92 % analytic vs 7.10 % shipped): NOT yet no-worse. The
+    profiles' NCCL curves (aiconfigurator NCCL 2.27 tables) price A100 2- and 4-GPU all-reduces of
+    12-17 MB 20-27 % slower than the analytic model and 8-GPU ones a few % faster, which moves the
+    over-predicted narayanan-3.6b/7.5b rows up and the under-predicted korthikanti-22b, mcore-h100-70b
+    rows down (issue 9 closing note)."""
+    from validation.training_suite import run_training_modern_suite, run_training_suite
+
+    modern_on = _summaries(run_training_modern_suite(fidelity="analytic"))
+    modern_off = _summaries(run_training_modern_suite(fidelity="analytic", calibration="none"))
+    for metric, (mape_off, worst_off) in modern_off.items():
+        assert modern_on[metric][0] <= mape_off + 1e-12 and modern_on[metric][1] <= worst_off + 1e-12, metric
+    on = run_training_suite(fidelity="des")
+    off = run_training_suite(fidelity="des", calibration="none")
+    assert on.worst("iteration_time_s") <= off.worst("iteration_time_s") + 1e-12
+    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 0.0025
