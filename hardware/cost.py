@@ -105,6 +105,17 @@ def hbm_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
     return MEMORY_FILL_S + bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory)
 
 
+def calibrated_kernel_s(gpu: GpuSpec, kernel_s: float, ratio: float, bytes_moved: float) -> float:
+    """Kernel seconds with a calibration profile's measured / analytic efficiency ``ratio``, never
+    below the compulsory HBM traffic at the datasheet bandwidth (``bytes_moved / hbm_bandwidth_Bps``).
+
+    Measurement tables time one kernel called back to back on the same buffers, so operands that fit
+    in L2 (a small GEMM's weights, a decode batch's KV cache) can be served from it and a table row
+    can run faster than HBM allows; in a model's forward pass every layer reads its own weights and
+    KV cache from HBM, so no calibrated kernel may beat that bound."""
+    return max(kernel_s / ratio, bytes_moved / gpu.hbm_bandwidth_Bps)
+
+
 def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
     """A memory-bound kernel (elementwise, norm, copy) that reads plus writes ``bytes_moved`` of HBM.
 
@@ -222,7 +233,7 @@ def gemm_time_s(
     if calibration is not None:
         ratio = calibration.gemm_ratio(precision, m, n, k, batch)
         if ratio is not None:
-            kernel_s /= ratio
+            kernel_s = calibrated_kernel_s(gpu, kernel_s, ratio, bytes_moved)
     return kernel_s + launch_overhead_s(gpu)
 
 
@@ -385,5 +396,5 @@ def attention_time_from_totals_s(
             kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
         )
         if ratio is not None:
-            kernel_s /= ratio
+            kernel_s = calibrated_kernel_s(gpu, kernel_s, ratio, bytes_moved)
     return kernel_s + launch_overhead_s(gpu)

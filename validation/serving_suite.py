@@ -19,7 +19,7 @@ from typing import Any
 
 from hardware.catalog import get_gpu
 from sim.runner import RunOptions, simulate
-from validation.published import Comparison, SuiteReport, Threshold
+from validation.published import Comparison, SuiteReport, Threshold, with_calibration
 from workloads.precision import bytes_per_element
 from workloads.graph import expected_active_experts
 from workloads.catalog import get_model
@@ -119,11 +119,12 @@ _METRICS = {
 }
 
 
-def predict(row: Row) -> float:
-    """The row's metric from exactly the run ``llmsim simulate`` makes of ``row_config(row)``."""
+def predict(row: Row, calibration: str | None = None) -> float:
+    """The row's metric from exactly the run ``llmsim simulate`` makes of ``row_config(row)`` (with
+    ``[cluster] calibration = calibration`` when given, ``validation.published.with_calibration``)."""
     if row.metric not in _METRICS:
         raise ValueError(f"serving.csv: unknown metric '{row.metric}'")
-    metrics = simulate(row_config(row), RunOptions()).metrics()
+    metrics = simulate(with_calibration(row_config(row), calibration), RunOptions()).metrics()
     return _METRICS[row.metric](metrics, row)
 
 
@@ -152,11 +153,12 @@ def hbm_roofline_tokens_per_s_per_gpu(row: Row) -> float:
 INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.13, max_row_error=0.31),)
 
 
-def run_serving_inflight_suite() -> SuiteReport:
+def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
     """The TensorRT-LLM 0.14 trtllm-bench rows (in-flight batching), through the user path."""
     comparisons = tuple(
         Comparison(suite="serving-trtllm-0.14", row=r.label, metric=r.metric, published=r.published,
-                   predicted=predict(r), citation=r.citation, config=row_config(r))
+                   predicted=predict(r, calibration), citation=r.citation,
+                   config=with_calibration(row_config(r), calibration))
         for r in load_rows() if r.benchmark == "inflight"
     )
     return SuiteReport(
@@ -169,7 +171,7 @@ def run_serving_inflight_suite() -> SuiteReport:
     )
 
 
-def run_serving_suite() -> SuiteReport:
+def run_serving_suite(calibration: str | None = None) -> SuiteReport:
     rows = [r for r in load_rows() if r.benchmark == "static"]
     comparisons = []
     for r in rows:
@@ -180,8 +182,8 @@ def run_serving_suite() -> SuiteReport:
                 excluded = (f"published {r.published:.0f} exceeds the HBM roofline {bound:.0f} tok/s/GPU of the "
                             "weights, activated experts and KV a step must read")
         comparisons.append(Comparison(suite="serving", row=r.label, metric=r.metric, published=r.published,
-                                      predicted=predict(r), citation=r.citation, excluded=excluded,
-                                      config=row_config(r)))
+                                      predicted=predict(r, calibration), citation=r.citation, excluded=excluded,
+                                      config=with_calibration(row_config(r), calibration)))
     comparisons = tuple(comparisons)
     return SuiteReport(
         suite="serving", comparisons=comparisons, thresholds=THRESHOLDS,

@@ -20,7 +20,7 @@ from hardware import units
 from sim.runner import RunOptions, simulate
 from sim.training.config import parse_training
 from sim.training.memory import memory_per_stage
-from validation.published import Comparison, SuiteReport, Threshold
+from validation.published import Comparison, SuiteReport, Threshold, with_calibration
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
@@ -119,11 +119,12 @@ class TimedRow:
     config: dict[str, Any]
 
 
-def iteration_rows(fidelity: str = "des", table: str = "training.csv") -> list[TimedRow]:
-    """Every row of ``table`` simulated exactly as ``llmsim simulate --fidelity FIDELITY`` runs its config."""
+def iteration_rows(fidelity: str = "des", table: str = "training.csv", calibration: str | None = None) -> list[TimedRow]:
+    """Every row of ``table`` simulated exactly as ``llmsim simulate --fidelity FIDELITY`` runs its config
+    (with ``[cluster] calibration = calibration`` when given, ``validation.published.with_calibration``)."""
     out = []
     for row in _read(table):
-        config = row_config(row)
+        config = with_calibration(row_config(row), calibration)
         metrics = simulate(config, RunOptions(fidelity=fidelity)).metrics()
         out.append(
             TimedRow(
@@ -213,19 +214,19 @@ MISSING_MECHANISMS = (
 )
 
 
-def run_training_modern_suite(fidelity: str = "des") -> SuiteReport:
+def run_training_modern_suite(fidelity: str = "des", calibration: str | None = None) -> SuiteReport:
     comparisons = tuple(
         Comparison(
             suite="training-modern", row=r.row, metric="iteration_time_s", published=r.published_s,
             predicted=r.predicted_s, citation=r.citation, config=r.config, fits_in_memory=r.fits_in_memory,
         )
-        for r in iteration_rows(fidelity, "training_modern.csv")
+        for r in iteration_rows(fidelity, "training_modern.csv", calibration)
     )
     return SuiteReport(suite="training-modern", comparisons=comparisons, thresholds=MODERN_THRESHOLDS,
                        notes=MISSING_MECHANISMS)
 
 
-def run_training_suite(fidelity: str = "des") -> SuiteReport:
+def run_training_suite(fidelity: str = "des", calibration: str | None = None) -> SuiteReport:
     comparisons = [
         Comparison(
             suite="training",
@@ -237,7 +238,7 @@ def run_training_suite(fidelity: str = "des") -> SuiteReport:
             config=r.config,
             fits_in_memory=r.fits_in_memory,
         )
-        for r in iteration_rows(fidelity)
+        for r in iteration_rows(fidelity, calibration=calibration)
     ]
     comparisons += memory_comparisons()
     return SuiteReport(suite="training", comparisons=tuple(comparisons), thresholds=THRESHOLDS)
