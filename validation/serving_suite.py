@@ -11,6 +11,7 @@ simulate`` runs on it (``llmsim validate -v`` prints the configs). One hardware 
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -176,6 +177,7 @@ def hbm_roofline_tokens_per_s_per_gpu(row: Row) -> float:
 INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.12, max_row_error=0.26),)
 
 
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
     """The TensorRT-LLM 0.14 trtllm-bench rows (in-flight batching), through the user path."""
     comparisons = tuple(
@@ -209,6 +211,7 @@ NANOFLOW_NOTES = (
 )
 
 
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_serving_nanoflow_suite(calibration: str | None = None) -> SuiteReport:
     """NanoFlow's vLLM and TensorRT-LLM baselines (LLaMA-2-70B, 8 x A100, offline), through the user path."""
     comparisons = tuple(
@@ -221,6 +224,7 @@ def run_serving_nanoflow_suite(calibration: str | None = None) -> SuiteReport:
                        notes=NANOFLOW_NOTES)
 
 
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_serving_suite(calibration: str | None = None) -> SuiteReport:
     rows = [r for r in load_rows() if r.benchmark == "static"]
     comparisons = []

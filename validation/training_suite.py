@@ -12,6 +12,7 @@ One hardware description per GPU serves every row.
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,7 @@ MISSING_MECHANISMS = (
 )
 
 
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_training_modern_suite(fidelity: str = "des", calibration: str | None = None) -> SuiteReport:
     comparisons = tuple(
         Comparison(
@@ -228,6 +230,7 @@ def run_training_modern_suite(fidelity: str = "des", calibration: str | None = N
                        notes=MISSING_MECHANISMS)
 
 
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_training_suite(fidelity: str = "des", calibration: str | None = None) -> SuiteReport:
     comparisons = [
         Comparison(

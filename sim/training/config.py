@@ -64,6 +64,21 @@ def default_overlap_slowdown(sm_count: int) -> float:
     return sm_count / (sm_count - min(COMMUNICATION_SMS, sm_count // 2))
 
 
+# SMs a point-to-point send/recv kernel holds (one peer each way, as ring attention's K/V passes):
+# NCCL sizes P2P channels apart from the ring/tree collectives, and on a node with NICs a send/recv
+# needs a fraction of the SMs an all-reduce does (NCCL maintainer, NVIDIA/nccl#1598); measured
+# send/recv and all-to-all kernels run on 2-8 SMs where all-gather / reduce-scatter take 32 (same
+# thread). The top of that range, and never more than the run's collectives hold.
+P2P_COMMUNICATION_SMS = 8
+
+
+def p2p_overlap_slowdown(overlap_slowdown: float, sm_count: int) -> float:
+    """Compute slowdown while a send/recv kernel overlaps it: the SMs the run's collectives hold
+    (``overlap_slowdown`` = SMs / (SMs - held)), capped at P2P_COMMUNICATION_SMS."""
+    held = min(sm_count * (1.0 - 1.0 / overlap_slowdown), P2P_COMMUNICATION_SMS)
+    return sm_count / (sm_count - held)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSetup:
     """Everything a training run needs, resolved and validated."""

@@ -17,7 +17,7 @@ from hardware.cost import ATTENTION_FA1_RATE
 from hardware.collectives import GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
-from sim.training.config import TrainingSetup
+from sim.training.config import TrainingSetup, p2p_overlap_slowdown
 from sim.training.hetero import stage_rank, stage_setup
 from sim.training.activations import layer_activation_parts, stored_activation_bytes
 from sim.training.memory import shard_degrees
@@ -375,6 +375,8 @@ def price_pass(
         elif op.kind == "attention":
             attention += seconds
     slowdown = setup.overlap_slowdown - 1.0
+    # the ring's K/V passes are send/recv kernels, which hold fewer SMs than collectives
+    ring_slowdown = p2p_overlap_slowdown(setup.overlap_slowdown, gpu.sm_count) - 1.0 if cp_ring else slowdown
     exposed: dict[str, float] = {}
     tp_paired = setup.plan.tp_comm_overlap and setup.plan.tp > 1 and "tp" in comm
     hidden_tp = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else 0.0
@@ -385,7 +387,7 @@ def price_pass(
             hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
             hidden = 0.0
-        compute += hidden * slowdown
+        compute += hidden * (ring_slowdown if axis == "cp" else slowdown)
         exposed[axis] = seconds - hidden
     return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)
 
