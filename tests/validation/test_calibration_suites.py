@@ -5,12 +5,12 @@ aiconfigurator custom all-reduce tables."""
 
 from __future__ import annotations
 
-import functools
+import pandas as pd
+import pytest
+
 from hardware.calibration import CalibrationProfile, Curve, load_profile, profile_toml, shipped_profile_path
 from sim.config import resolve_cluster
 from sim.stacks import get_stack
-import pytest
-
 from validation.published import SuiteReport
 
 
@@ -79,11 +79,11 @@ def test_a_trtllm_replica_prices_its_tp_all_reduce_from_the_custom_kernel() -> N
 # ---- the suites: shipped profiles vs the analytic defaults, same code -------------------------------
 
 
-@functools.cache
 def _serving(calibration: str | None) -> SuiteReport:
     from validation.serving_suite import run_serving_suite
 
-    return run_serving_suite(calibration=calibration)
+    # the suite functions are memoized: called as test_serving_validation calls them, the run is shared
+    return run_serving_suite() if calibration is None else run_serving_suite(calibration=calibration)
 
 
 def _summaries(report: SuiteReport) -> dict[str, tuple[float, float]]:
@@ -98,3 +98,63 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
         mape_on, worst_on = on[metric]
         assert mape_on <= mape_off + 1e-12, (metric, mape_on, mape_off)
         assert worst_on <= worst_off + 1e-12, (metric, worst_on, worst_off)
+
+
+def test_shipped_profiles_and_the_training_suites() -> None:
+    """Training-modern: no worse with the shipped profiles. The 2021-22 Megatron rows: worst row no
+    worse, MAPE within 0.25 points (measured 6.92 % analytic vs 7.10 % shipped): NOT yet no-worse. The
+    profiles' NCCL curves (aiconfigurator NCCL 2.27 tables) price A100 2- and 4-GPU all-reduces of
+    12-17 MB 20-27 % slower than the analytic model and 8-GPU ones a few % faster, which moves the
+    over-predicted narayanan-3.6b/7.5b rows up and the under-predicted korthikanti-22b, mcore-h100-70b
+    rows down (issue 9 closing note)."""
+    from validation.training_suite import run_training_modern_suite, run_training_suite
+
+    modern_on = _summaries(run_training_modern_suite(fidelity="analytic"))
+    modern_off = _summaries(run_training_modern_suite(fidelity="analytic", calibration="none"))
+    for metric, (mape_off, worst_off) in modern_off.items():
+        assert modern_on[metric][0] <= mape_off + 1e-12 and modern_on[metric][1] <= worst_off + 1e-12, metric
+    on = run_training_suite(fidelity="des")
+    off = run_training_suite(fidelity="des", calibration="none")
+    assert on.worst("iteration_time_s") <= off.worst("iteration_time_s") + 1e-12
+    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 0.0025
+
+
+def test_custom_all_reduce_tables_are_imported_and_fitted_per_framework(tmp_path) -> None:
+    """aiconfigurator-core ``comm/<framework>/<version>/custom_allreduce_perf.parquet`` (element counts of
+    allreduce_dtype, milliseconds): one curve per framework and group size, the CUDA-graph variant of
+    the newest version, next to the NCCL curve."""
+    pytest.importorskip("pyarrow", reason="Parquet needs pyarrow (dev and calibrate extras)")
+    from hardware.catalog import analytic_gpu
+    from validation.calibration.aiconfigurator import import_system
+    from validation.calibration.fit import fit_profile
+
+    root = tmp_path / "a100_sxm"
+
+    def write(relative: str, rows: list[dict]) -> None:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(path)
+
+    def custom(framework: str, version: str, kernel: str, ms: float) -> list[dict]:
+        return [{"framework": framework, "version": version, "device": "A100", "op_name": "all_reduce",
+                 "kernel_source": kernel, "allreduce_dtype": "bfloat16", "num_gpus": 2, "message_size": size,
+                 "latency": ms * (1 + size / 2**20)} for size in (2**10, 2**20)]
+
+    write("gemm/trtllm/1.0.0/gemm_perf.parquet", [
+        {"framework": "TRTLLM", "version": "1.0.0", "device": "A100", "kernel_source": "torch_flow", "op_name": "gemm",
+         "gemm_dtype": "bfloat16", "m": 4096, "n": 4096, "k": 4096, "latency": 0.5}])
+    write("comm/nccl/2.27.3/nccl_perf.parquet", [
+        {"nccl_dtype": "half", "num_gpus": 2, "message_size": size, "kernel_source": "NCCL", "op_name": "all_reduce",
+         "latency": 0.01 * (1 + size / 2**20)} for size in (2**10, 2**20)])
+    write("comm/trtllm/1.0.0/custom_allreduce_perf.parquet", custom("TRTLLM", "1.0.0", "TRTLLM", 0.004))
+    write("comm/vllm/0.9.0/custom_allreduce_perf.parquet", custom("vLLM", "0.9.0", "vLLM_custom_graph", 0.009))
+    write("comm/vllm/0.14.0/custom_allreduce_perf.parquet",
+          custom("vLLM", "0.14.0", "vLLM_custom_graph", 0.005) + custom("vLLM", "0.14.0", "vLLM_custom_eager", 0.02))
+    frame = import_system(root)
+    rows = frame[frame["op"] == "custom_all_reduce"]
+    assert set(rows["framework"]) == {"trtllm", "vllm"} and set(rows["message_bytes"]) == {2**11, 2**21}
+    profile = fit_profile(frame, analytic_gpu("a100-sxm-80gb"))
+    assert set(profile.custom_all_reduce) == {("trtllm", 2), ("vllm", 2)}
+    assert profile.custom_all_reduce[("vllm", 2)].y[0] == pytest.approx(0.005e-3 * (1 + 2**-10))  # 0.14 graph
+    assert profile.collective_s("all_reduce", 2, 2**11) == pytest.approx(0.01e-3 * (1 + 2**-10))  # NCCL apart
+    assert profile.for_tp_all_reduce("trtllm").collective_s("all_reduce", 2, 2**11) == pytest.approx(0.004e-3 * (1 + 2**-10))
