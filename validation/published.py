@@ -165,8 +165,9 @@ def run_suites(name: str, fidelity: str = "des", calibration: str | None = None)
             reports.append(run_training_suite(fidelity=fidelity, calibration=calibration))
             reports.append(run_training_modern_suite(fidelity=fidelity, calibration=calibration))
         else:
-            from validation.serving_suite import run_serving_inflight_suite, run_serving_suite
+            from validation.serving_suite import run_serving_inflight_suite, run_serving_nanoflow_suite, run_serving_suite
 
             reports.append(run_serving_suite(calibration=calibration))
             reports.append(run_serving_inflight_suite(calibration=calibration))
+            reports.append(run_serving_nanoflow_suite(calibration=calibration))
     return Report(suites=tuple(reports))

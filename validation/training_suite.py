@@ -204,14 +204,16 @@ def memory_comparisons() -> list[Comparison]:
 
 # The 2023-25 stacks (published-training.md A9-A11, A13: NeMo / Megatron-Bridge / MLPerf fp8 on H100,
 # llm-foundry FSDP): the issue's target is MAPE <= 7 % and no row worse than 15 %; the model is not
-# there yet (every row is predicted too fast, see MISSING_MECHANISMS), so these bounds only keep it
-# from getting worse than it is now (23.8 % / 40.1 %).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.25, max_row_error=0.41),)
+# there yet (most rows are predicted too fast, see MISSING_MECHANISMS), so these bounds only keep it
+# from getting worse than it is now (17.6 % / 34.7 %). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.19, max_row_error=0.36),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 24 % too fast on average: fp8 GEMMs are priced at the bf16 "
-    "GEMM efficiency of the fp8 peak (no measured fp8 GEMM table; backward GEMMs without fast "
-    "accumulation are not slowed), the efficiency TP-overlap chunk GEMMs lose is not priced, "
-    "no host-dispatch or sustained-clock model; see the closing note of issue 11",
+    "rows of the 2023-25 stacks are predicted 17 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
+    "fraction, llm-foundry's FA1-class Triton attention, bf16 gradient buffers and fp8 primary weights are "
+    "modelled); not modelled: GEMM chunks of the TP overlap (the GEMM model's wave quantization would make "
+    "them 1.3-1.6x slower, which the Megatron-Core rows contradict), host dispatch, sustained clocks under "
+    "power capping, Megatron-Bridge FP8-CS's bf16 first and last layers; the MLPerf v3.0/v3.1 rows (2023 "
+    "software) run 14-22 % slower than the same model on NeMo 24.07 and stay the worst; see the closing note of issue 11",
 )
 
 
