@@ -12,6 +12,9 @@ curves for collectives and memory-bound kernels:
   log2 (sequences x KV heads), log2 head_dim, log2 (heads / KV heads);
 - ``[memory]``: achieved fraction of HBM spec bandwidth by log2 bytes moved;
 - ``[collective.<op>.<ranks>]``: measured seconds by log2 message bytes for a group inside one node;
+- ``[custom_all_reduce.<framework>.<ranks>]``: the same for a serving framework's own all-reduce
+  kernel (TensorRT-LLM's AllReduce plugin, vLLM's and SGLang's custom all-reduce), which serving
+  stacks run for tensor-parallel all-reduces instead of NCCL (``for_tp_all_reduce``);
 - ``launch_overhead_us``: measured per-kernel launch cost.
 
 Surfaces interpolate multilinearly inside their coverage box (the grid's bounds; the same values as
@@ -24,6 +27,7 @@ different GPU (``[cluster] calibration`` naming another GPU's profile) as ``tran
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -151,8 +155,10 @@ class CalibrationProfile:
     attention_decode: Surface | None = None
     memory: Curve | None = None
     collectives: Mapping[tuple[str, int], Curve] = field(default_factory=dict)
+    custom_all_reduce: Mapping[tuple[str, int], Curve] = field(default_factory=dict)  # (framework, ranks)
     launch_overhead_s: float | None = None
     path: str = ""
+    _views: dict = field(default_factory=dict, repr=False)
 
     def source_for(self, gpu_name: str) -> str:
         return MEASURED if gpu_name == self.gpu else TRANSFERRED
@@ -197,6 +203,36 @@ class CalibrationProfile:
         curve = self.collectives.get((kind, ranks))
         return None if curve is None or message_bytes <= 0 else curve.at(message_bytes)
 
+    def for_tp_all_reduce(self, framework: str) -> CalibrationProfile:
+        """This profile as a serving stack of ``framework`` sees it: its tensor-parallel all-reduces run
+        the framework's own all-reduce where measured, at each size the faster of that kernel and NCCL
+        (TensorRT-LLM's AllReduceStrategy AUTO picks per size; vLLM and SGLang fall back to NCCL above
+        their custom kernel's size limit). Itself when the profile has no curve of ``framework``."""
+        view = self._views.get(framework)
+        if view is None:
+            curves = {ranks: c for (fw, ranks), c in self.custom_all_reduce.items() if fw == framework}
+            if not curves:
+                view = self
+            else:
+                collectives = dict(self.collectives)
+                for ranks, custom in curves.items():
+                    nccl = collectives.get(("all_reduce", ranks))
+                    collectives[("all_reduce", ranks)] = custom if nccl is None else _faster(custom, nccl)
+                view = dataclasses.replace(self, collectives=collectives, custom_all_reduce={}, _views={})
+            self._views[framework] = view
+        return view
+
+
+def _faster(a: Curve, b: Curve) -> Curve:
+    """The pointwise faster of two latency curves, on the union of their sizes (where only one is
+    measured, that one)."""
+    xs = sorted(set(a.log2_x) | set(b.log2_x))
+    ys = []
+    for x in xs:
+        values = [v for v in (a.at(2.0 ** x), b.at(2.0 ** x)) if v is not None]
+        ys.append(min(values))
+    return Curve(log2_x=tuple(xs), y=tuple(ys), rows=a.rows + b.rows, provenance=f"faster of {a.provenance} and {b.provenance}")
+
 
 # --- TOML -------------------------------------------------------------------------------------------
 def _numbers(value: Any) -> tuple[float, ...]:
@@ -232,7 +268,10 @@ def _curve(table: Mapping[str, Any], where: str, y_key: str) -> Curve:
         raise CalibrationError(f"{where}: {exc}") from None
 
 
-PROFILE_KEYS = ("gpu", "source", "launch_overhead_us", "gemm", "attention_prefill", "attention_decode", "memory", "collective")
+PROFILE_KEYS = (
+    "gpu", "source", "launch_overhead_us", "gemm", "attention_prefill", "attention_decode", "memory", "collective",
+    "custom_all_reduce",
+)
 
 
 def parse_profile(data: Mapping[str, Any], where: str) -> CalibrationProfile:
@@ -249,6 +288,10 @@ def parse_profile(data: Mapping[str, Any], where: str) -> CalibrationProfile:
     for op, by_ranks in data.get("collective", {}).items():
         for ranks, table in by_ranks.items():
             collectives[(op, int(ranks))] = _curve(table, f"{where} [collective.{op}.{ranks}]", "latency_s")
+    custom = {}
+    for framework, by_ranks in data.get("custom_all_reduce", {}).items():
+        for ranks, table in by_ranks.items():
+            custom[(framework, int(ranks))] = _curve(table, f"{where} [custom_all_reduce.{framework}.{ranks}]", "latency_s")
     launch_us = data.get("launch_overhead_us")
     if launch_us is not None and (not isinstance(launch_us, (int, float)) or launch_us <= 0):
         raise CalibrationError(f"{where}: launch_overhead_us = {launch_us!r} must be a positive number")
@@ -257,7 +300,8 @@ def parse_profile(data: Mapping[str, Any], where: str) -> CalibrationProfile:
         attention_prefill=_surface(prefill, f"{where} [attention_prefill]", PREFILL_AXES) if prefill else None,
         attention_decode=_surface(decode, f"{where} [attention_decode]", DECODE_AXES) if decode else None,
         memory=_curve(memory, f"{where} [memory]", "efficiency") if memory else None,
-        collectives=collectives, launch_overhead_s=None if launch_us is None else float(launch_us) * 1e-6,
+        collectives=collectives, custom_all_reduce=custom,
+        launch_overhead_s=None if launch_us is None else float(launch_us) * 1e-6,
         path=where,
     )
 
@@ -331,6 +375,10 @@ class ShippedProfile:
     def collective_s(self, kind: str, ranks: int, message_bytes: float) -> float | None:
         return self.profile.collective_s(kind, ranks, message_bytes)
 
+    def for_tp_all_reduce(self, framework: str) -> CalibrationProfile | ShippedProfile:
+        view = self.profile.for_tp_all_reduce(framework)
+        return self if view is self.profile else view
+
 
 def shipped_profile(gpu_name: str) -> ShippedProfile | None:
     path = shipped_profile_path(gpu_name)
@@ -375,4 +423,8 @@ def profile_toml(profile: CalibrationProfile, header: str = "") -> str:
     for (op, ranks), c in sorted(profile.collectives.items()):
         lines.extend(["", f"[collective.{op}.{ranks}]", f"rows = {c.rows}", f"provenance = {_quote(c.provenance)}",
                       f"log2_bytes = {_fmt(c.log2_x, 9)}", f"latency_s = {_fmt(c.y, 5)}"])
+    for (framework, ranks), c in sorted(profile.custom_all_reduce.items()):
+        lines.extend(["", f"[custom_all_reduce.{framework}.{ranks}]", f"rows = {c.rows}",
+                      f"provenance = {_quote(c.provenance)}", f"log2_bytes = {_fmt(c.log2_x, 9)}",
+                      f"latency_s = {_fmt(c.y, 5)}"])
     return "\n".join(lines) + "\n"

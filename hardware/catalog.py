@@ -98,6 +98,7 @@ def _gpu(t: _Table) -> GpuSpec:
         launch_overhead_s=eff.quantity("launch_overhead", _TIME),
         source=eff.take("source", str),
         gemm_memory=eff.take("gemm_memory", float, default=None),
+        gemm_fp8=eff.take("gemm_fp8", float, default=None),
     )
     eff.done()
     price = t.sub("price", optional=True)
@@ -158,6 +159,7 @@ def _node(t: _Table) -> NodeSpec:
         cpu_dram_bandwidth_Bps=t.quantity("cpu_dram_bandwidth", _RATE),
         host_to_device_Bps=t.quantity("host_to_device", _RATE),
         device_to_host_Bps=t.quantity("device_to_host", _RATE),
+        gpus_per_pcie_switch=t.take("gpus_per_pcie_switch", int),
         nvme_capacity_bytes=t.quantity("nvme_capacity", _BYTES),
         nvme_read_Bps=t.quantity("nvme_read", _RATE),
         nvme_write_Bps=t.quantity("nvme_write", _RATE),

@@ -79,6 +79,12 @@ ATTENTION_BWD_OVER_FWD_RATE = 0.89
 ATTENTION_FWD_RATE_FACTOR = (1.0 + 2.5 / ATTENTION_BWD_OVER_FWD_RATE) / 3.5
 ATTENTION_BWD_RATE_FACTOR = ATTENTION_FWD_RATE_FACTOR * ATTENTION_BWD_OVER_FWD_RATE
 ATTENTION_BACKWARD_FLOP_RATIO = 2.5  # FA2 counting: backward = 2.5 x forward FLOPs (fwd+bwd = 3.5 x fwd)
+# A FlashAttention-1-class kernel (FA1, and the 2022 Triton kernel, which matches FA1 on A100: hd64
+# non-causal 90-102 vs FA1 91-110 TFLOP/s) relative to the FA2 rate this model is fitted to: the
+# mean FA1 / FA2 fwd+bwd ratio of the causal hd64 and hd128 bars at seq 512..16k is 0.53 on A100
+# (0.44-0.66) and 0.53 on H100 (0.41-0.74) (Dao-AILab/flash-attention flash2_{a100,h100}_fwd_bwd_benchmark.png,
+# reference/microbenchmarks.md C1).
+ATTENTION_FA1_RATE = 0.53
 
 
 def launch_overhead_s(gpu: GpuSpec) -> float:
@@ -97,6 +103,17 @@ def hbm_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
     if bytes_moved == 0:
         return 0.0
     return MEMORY_FILL_S + bytes_moved / (gpu.hbm_bandwidth_Bps * gpu.efficiency.memory)
+
+
+def calibrated_kernel_s(gpu: GpuSpec, kernel_s: float, ratio: float, bytes_moved: float) -> float:
+    """Kernel seconds with a calibration profile's measured / analytic efficiency ``ratio``, never
+    below the compulsory HBM traffic at the datasheet bandwidth (``bytes_moved / hbm_bandwidth_Bps``).
+
+    Measurement tables time one kernel called back to back on the same buffers, so operands that fit
+    in L2 (a small GEMM's weights, a decode batch's KV cache) can be served from it and a table row
+    can run faster than HBM allows; in a model's forward pass every layer reads its own weights and
+    KV cache from HBM, so no calibrated kernel may beat that bound."""
+    return max(kernel_s / ratio, bytes_moved / gpu.hbm_bandwidth_Bps)
 
 
 def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
@@ -127,7 +144,8 @@ def _check_positive_int(name: str, value: int) -> None:
 
 
 def _gemm_plan(
-    gpu: GpuSpec, m: int, n: int, k: int, *, batch: int, peak_flops_per_s: float, bytes_moved: float | None
+    gpu: GpuSpec, m: int, n: int, k: int, *, batch: int, peak_flops_per_s: float, bytes_moved: float | None,
+    precision: str = "bf16",
 ) -> tuple[float, float]:
     """(kernel seconds without launch, MMA-loop fraction of peak) of the fastest split-K plan.
 
@@ -146,7 +164,7 @@ def _gemm_plan(
     padded_m = tiles_m * tile_m
     if stream_k and m > GEMM_TILE_M:
         padded_m = -(-m // GEMM_HOPPER_ROW_GRANULARITY) * GEMM_HOPPER_ROW_GRANULARITY
-    base_eff = gpu.efficiency.gemm * (m * n) / (padded_m * tiles_n * tile_n)
+    base_eff = gpu.efficiency.gemm_fraction(precision) * (m * n) / (padded_m * tiles_n * tile_n)
     tiles = tiles_m * tiles_n * batch
     sms = gpu.sm_count
     flops = 2.0 * m * n * k * batch
@@ -180,7 +198,7 @@ def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, pre
     """Achieved fraction of dense peak of the MMA loop for ``batch`` (m x k) @ (k x n) GEMMs, compute
     side only (memory traffic ignored), for the split-K plan that minimizes compute plus reduction time.
 
-    efficiency.gemm x tile quantization x wave x k ramp:
+    efficiency.gemm (efficiency.gemm_fp8 for fp8, when measured) x tile quantization x wave x k ramp:
     - tile: useful m n / padded m x padded n (rows padded to 64 on stream-K architectures once m > 128);
     - wave: work units u = tiles x s; u / (ceil(u / SMs) x SMs), or 1 once u >= SMs under stream-K;
     - ramp: (k/s) / (k/s + GEMM_K_PROLOGUE).
@@ -188,7 +206,8 @@ def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, pre
     """
     if precision is None:
         precision = "bf16" if "bf16" in gpu.peak_flops_per_s else "fp16"
-    return _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=None)[1]
+    return _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=None,
+                      precision=precision)[1]
 
 
 def gemm_time_s(
@@ -208,12 +227,13 @@ def gemm_time_s(
     if bytes_per_element <= 0:
         raise ValueError(f"bytes_per_element = {bytes_per_element} must be > 0")
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element * batch
-    kernel_s, _ = _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=bytes_moved)
+    kernel_s, _ = _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=bytes_moved,
+                             precision=precision)
     calibration = gpu.calibration
     if calibration is not None:
         ratio = calibration.gemm_ratio(precision, m, n, k, batch)
         if ratio is not None:
-            kernel_s /= ratio
+            kernel_s = calibrated_kernel_s(gpu, kernel_s, ratio, bytes_moved)
     return kernel_s + launch_overhead_s(gpu)
 
 
@@ -263,6 +283,7 @@ def attention_time_s(
     causal: bool = True,
     backward: bool = False,
     v_head_dim: int | None = None,
+    kernel_rate: float = 1.0,
 ) -> float:
     """One fused (FlashAttention-style) kernel over a varlen batch of ``sequences``.
 
@@ -278,6 +299,7 @@ def attention_time_s(
     the GPU's FA2 fwd+bwd asymptote at large head dim; the factors split it into forward and backward
     rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
+    ``kernel_rate``: the compute rate of this kernel implementation relative to FA2 (e.g. ATTENTION_FA1_RATE).
     """
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
@@ -303,6 +325,7 @@ def attention_time_s(
         gpu, computed_keys=computed_keys, query_tokens=q_tokens, key_tokens=kv_tokens, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, precision=precision, bytes_per_element=bytes_per_element,
         backward=backward, v_head_dim=v_head_dim, num_sequences=len(sequences), causal=causal,
+        kernel_rate=kernel_rate,
     )
 
 
@@ -329,6 +352,7 @@ def attention_time_from_totals_s(
     v_head_dim: int | None = None,
     num_sequences: int | None = None,
     causal: bool = True,
+    kernel_rate: float = 1.0,
 ) -> float:
     """``attention_time_s`` from the three sums it depends on: keys processed
     (``attention_keys_processed`` summed over the sequences), query tokens and key tokens. A caller
@@ -356,7 +380,10 @@ def attention_time_from_totals_s(
         rate_factor = ATTENTION_FWD_RATE_FACTOR
         flop_ratio = 1.0
     work_flops = flop_ratio * 2.0 * heads * (head_dim + v_dim) * (computed_keys + query_tokens * overhead_keys)
+    if not 0.0 < kernel_rate <= 1.0:
+        raise ValueError(f"kernel_rate = {kernel_rate} must be in (0, 1]")
     rate = attention_asymptote_flops_per_s(gpu, head_dim=head_dim, precision=precision, v_head_dim=v_dim) * rate_factor
+    rate *= kernel_rate
     compute_s = work_flops / rate
     bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
@@ -369,5 +396,5 @@ def attention_time_from_totals_s(
             kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
         )
         if ratio is not None:
-            kernel_s /= ratio
+            kernel_s = calibrated_kernel_s(gpu, kernel_s, ratio, bytes_moved)
     return kernel_s + launch_overhead_s(gpu)

@@ -58,6 +58,14 @@ class EfficiencySpec:
     # Achievable HBM bandwidth / spec while a memory-bound GEMM streams its weights (decode GEMV);
     # None: the STREAM-copy ``memory`` fraction is used.
     gemm_memory: float | None = None
+    # Best-case fp8 GEMM FLOP/s / fp8 dense peak (fp8 MAMF); None: the bf16 ``gemm`` fraction is used.
+    gemm_fp8: float | None = None
+
+    def gemm_fraction(self, precision: str) -> float:
+        """The best-case GEMM fraction of the dense peak at ``precision``."""
+        if precision == "fp8" and self.gemm_fp8 is not None:
+            return self.gemm_fp8
+        return self.gemm
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,6 +137,9 @@ class NodeSpec:
     cpu_dram_bandwidth_Bps: float
     host_to_device_Bps: float  # per GPU, achievable copy-engine bandwidth (PCIe or C2C)
     device_to_host_Bps: float
+    # GPUs that share one link to host memory (a PCIe switch's x16 uplink on an HGX/DGX baseboard):
+    # when all of them copy at once each gets host_to_device / device_to_host divided by this
+    gpus_per_pcie_switch: int = 1
     nvme_capacity_bytes: float
     nvme_read_Bps: float
     nvme_write_Bps: float

@@ -247,3 +247,45 @@ def build_cluster(gpu: GpuSpec, node: NodeSpec, network: NetworkSpec, num_gpus: 
     if network.oversubscription < 1.0:
         raise ValueError(f"network {network.name}: oversubscription {network.oversubscription} must be >= 1.0")
     return Cluster(gpu=gpu, node=node, network=network, num_gpus=num_gpus)
+
+
+def spanning_links(parts: Sequence[tuple[Cluster, Sequence[int]]]) -> GroupLinks:
+    """The bottleneck links of one process group whose ranks lie in several clusters (the groups of
+    a heterogeneous job: their own nodes, joined by one network): ``parts`` holds each cluster with
+    its ranks of the group. A group inside one cluster sees that cluster's links; across clusters its
+    traffic leaves through the slowest NIC share of any member, crosses the spine (the clusters hold
+    different nodes, so different leaves: 1/oversubscription and leaf-spine-leaf hops), and every
+    per-node term takes the slowest cluster's value."""
+    used = [(c, list(r)) for c, r in parts if len(r)]
+    if not used:
+        raise ValueError("a process group needs at least one rank; got none in any cluster")
+    if len(used) == 1:
+        return used[0][0].group_links(used[0][1])
+    each = [c.group_links(r) for c, r in used]
+    network = used[0][0].network
+    if any(c.network != network for c, _ in used):
+        raise ValueError("clusters joined in one process group must share one network")
+    nic = min(c.nic_share_Bps(c.local_index(rank)) for c, ranks in used for rank in ranks)
+    return GroupLinks(
+        size=sum(g.size for g in each),
+        num_nodes=sum(g.num_nodes for g in each),
+        ranks_per_node=max(g.ranks_per_node for g in each),
+        intra_bandwidth_Bps=min(g.intra_bandwidth_Bps for g in each),
+        intra_latency_s=max(g.intra_latency_s for g in each),
+        inter_bandwidth_Bps=nic / network.oversubscription,
+        inter_latency_s=network.endpoint_latency_s + _SPINE_HOPS * network.per_hop_latency_s,
+        nvls=False,
+        intra_efficiency=min(g.intra_efficiency for g in each),
+        inter_efficiency=network.efficiency,
+        nvls_efficiency=min(g.nvls_efficiency for g in each),
+        intra_fabric=each[min(range(len(each)), key=lambda k: each[k].intra_bandwidth_Bps)].intra_fabric,
+        calibration=None,
+    )
+
+
+def spanning_p2p_links(src: tuple[Cluster, int], dst: tuple[Cluster, int]) -> tuple[float, float]:
+    """``Cluster.p2p_links`` between a rank of one cluster and a rank of another (or the same)."""
+    if src[0] is dst[0]:
+        return src[0].p2p_links(src[1], dst[1])
+    links = spanning_links([(src[0], [src[1]]), (dst[0], [dst[1]])])
+    return links.inter_bandwidth_Bps * links.inter_efficiency, links.inter_latency_s

@@ -115,6 +115,10 @@ def _feasible(space: TrainingSpace, metrics: Mapping[str, Any], candidate: Candi
 
 
 def search_training(config: Mapping[str, Any], options: SearchOptions) -> TrainingSearchResult:
+    if isinstance(config.get("cluster"), dict) and "groups" in config["cluster"]:
+        from search.training_hetero import search_hetero_split  # a heterogeneous cluster: its layer split
+
+        return search_hetero_split(config, options)  # type: ignore[return-value]
     start = time.perf_counter()
     space = parse_space(config)
     top_k = options.top_k or space.top_k or DEFAULT_TOP_K

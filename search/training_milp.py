@@ -55,10 +55,23 @@ class StageAssignmentInput:
     dense_layer_bytes: tuple[float, ...]  # per stage: one dense layer's model states + its in-flight activations
     moe_layer_bytes: tuple[float, ...]
     capacity_bytes: float
+    # per stage, where stages differ in speed or capacity (a heterogeneous cluster: each stage on its
+    # group's GPU); empty: every stage takes dense_layer_s / moe_layer_s / capacity_bytes
+    dense_layer_s_per_stage: tuple[float, ...] = ()
+    moe_layer_s_per_stage: tuple[float, ...] = ()
+    capacity_bytes_per_stage: tuple[float, ...] = ()
 
     @property
     def chunks(self) -> int:
         return self.pp * self.virtual_stages
+
+    def layer_s(self, stage: int) -> tuple[float, float]:
+        """(dense, MoE) layer seconds on ``stage``."""
+        return (self.dense_layer_s_per_stage[stage] if self.dense_layer_s_per_stage else self.dense_layer_s,
+                self.moe_layer_s_per_stage[stage] if self.moe_layer_s_per_stage else self.moe_layer_s)
+
+    def capacity(self, stage: int) -> float:
+        return self.capacity_bytes_per_stage[stage] if self.capacity_bytes_per_stage else self.capacity_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -79,7 +92,8 @@ def stage_times_and_bytes(
     last_chunk = data.chunks - 1
     for c, (d, e) in enumerate(zip(dense_per_chunk, moe_per_chunk)):
         s = c % data.pp
-        times[s] += d * data.dense_layer_s + e * data.moe_layer_s
+        dense_s, moe_s = data.layer_s(s)
+        times[s] += d * dense_s + e * moe_s
         times[s] += (data.first_s if c == 0 else 0.0) + (data.last_s if c == last_chunk else 0.0)
         memory[s] += d * data.dense_layer_bytes[s] + e * data.moe_layer_bytes[s]
     return tuple(times), tuple(memory)
@@ -113,17 +127,18 @@ def assign_layers(data: StageAssignmentInput, *, solver: str | None = None) -> S
     last_chunk = chunks - 1
     for s in range(pp):
         own = range(s, chunks, pp)
-        seconds = pulp.lpSum(data.dense_layer_s * dense[c] + data.moe_layer_s * moe[c] for c in own)
+        dense_s, moe_s = data.layer_s(s)
+        seconds = pulp.lpSum(dense_s * dense[c] + moe_s * moe[c] for c in own)
         ends = (data.first_s if s == 0 else 0.0) + (data.last_s if s == last_chunk % pp else 0.0)
         problem += (seconds + ends <= slowest, f"stage_{s}_within_slowest")
         memory = pulp.lpSum(data.dense_layer_bytes[s] * dense[c] + data.moe_layer_bytes[s] * moe[c] for c in own)
-        problem += (memory + data.static_bytes[s] <= data.capacity_bytes, f"stage_{s}_memory_within_capacity")
+        problem += (memory + data.static_bytes[s] <= data.capacity(s), f"stage_{s}_memory_within_capacity")
     solution = solve(problem, solver=solver)
     if not solution.optimal:
         worst = _least_memory_shortfall(data)
         raise MilpInfeasible(
             "stage_memory_within_capacity", worst,
-            f"no contiguous split fits: even the best one exceeds the {data.capacity_bytes / 2**30:.1f} GiB "
+            f"no contiguous split fits: even the best one exceeds the {min(map(data.capacity, range(pp))) / 2**30:.1f} GiB "
             f"capacity by {worst / 2**30:.2f} GiB on some stage",
         )
     violated = check_constraints(problem, solution)
@@ -148,8 +163,8 @@ def _least_memory_shortfall(data: StageAssignmentInput) -> float:
     for s in range(data.pp):
         per_layer = min(data.dense_layer_bytes[s] if data.dense_layers else float("inf"),
                         data.moe_layer_bytes[s] if data.layers > data.dense_layers else float("inf"))
-        lightest.append(data.static_bytes[s] + data.virtual_stages * per_layer)
-    return max(0.0, max(lightest) - data.capacity_bytes)
+        lightest.append(data.static_bytes[s] + data.virtual_stages * per_layer - data.capacity(s))
+    return max(0.0, max(lightest))
 
 
 # ---- (b) per-stage recompute ---------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 from sim.training.activations import inflight_microbatches
 from sim.training.config import TrainingSetup
 from sim.training.costs import chunk_cost, group_links
+from sim.training.hetero import stage_setup
 from sim.training.memory import memory_per_stage, stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
 from search.training_milp import RecomputeInput, StageAssignmentInput
@@ -20,12 +21,13 @@ from workloads.plan import stage_layer_counts
 
 
 class _Probe:
-    """Prices chunks of one setup with one layer cache (stage 0's links: tensor- and context-parallel
-    groups have the same shape on every stage)."""
+    """Prices chunks of one setup with one layer cache (stage ``stage``'s links: tensor- and context-
+    parallel groups have the same shape on every stage; on a heterogeneous cluster, chunks of that
+    stage's group, priced on its GPU)."""
 
-    def __init__(self, setup: TrainingSetup, cache: PricingCache) -> None:
-        self.setup, self.cache = setup, cache
-        self.links = group_links(setup, 0, cache)
+    def __init__(self, setup: TrainingSetup, cache: PricingCache, stage: int = 0) -> None:
+        self.setup, self.cache = stage_setup(setup, stage)[0], cache
+        self.links = group_links(setup, stage, cache)
         self.layer_cache: dict = {}
 
     def seconds(self, layers: range, *, first: bool = False, last: bool = False, recomputed: int = 0) -> float:
@@ -43,7 +45,7 @@ def _stage_bytes(setup: TrainingSetup, stage: int, dense: int, moe: int, recompu
     model, plan, job = setup.model, setup.plan, setup.job
     kind = stage_memory_class(
         model, plan, job, dense_layers=dense, moe_layers=moe, first=stage == 0, last=stage == plan.pp - 1,
-        recomputed_layers=recomputed, flash_attention=setup.attention_kernel == "flash",
+        recomputed_layers=recomputed, flash_attention=setup.fused_attention,
     )
     return kind.total_bytes(inflight_microbatches(plan, setup.num_microbatches, stage))
 
@@ -60,7 +62,17 @@ def stage_assignment_input(setup: TrainingSetup, capacity_bytes: float, cache: P
     dense_s = chunks.layer_s(dense_probe) if dense_probe is not None else 0.0
     moe_s = chunks.layer_s(moe_probe) if moe_probe is not None else 0.0
     first_s = chunks.layer_s(probe, first=True) - chunks.layer_s(probe)
-    last_s = chunks.layer_s(probe, last=True) - chunks.layer_s(probe)
+    last_stage = (plan.pp * plan.virtual_stages - 1) % plan.pp
+    ends = _Probe(setup, cache, last_stage) if setup.groups else chunks
+    last_s = ends.layer_s(probe, last=True) - ends.layer_s(probe)
+    per_stage: dict[str, tuple[float, ...]] = {}
+    if setup.groups:  # a heterogeneous cluster: every stage's layers at its own group's speed and capacity
+        probes = [_Probe(setup, cache, s) for s in range(plan.pp)]
+        per_stage["dense_layer_s_per_stage"] = tuple(p.layer_s(dense_probe) if dense_probe is not None else 0.0 for p in probes)
+        per_stage["moe_layer_s_per_stage"] = tuple(p.layer_s(moe_probe) if moe_probe is not None else 0.0 for p in probes)
+        per_stage["capacity_bytes_per_stage"] = tuple(
+            capacity_bytes * p.setup.cluster.gpu.hbm_capacity_bytes / setup.cluster.gpu.hbm_capacity_bytes for p in probes
+        )
     static, dense_bytes, moe_bytes = [], [], []
     for s in range(plan.pp):
         one_d = _stage_bytes(setup, s, 1, 0) if dense_layers else None
@@ -75,6 +87,7 @@ def stage_assignment_input(setup: TrainingSetup, capacity_bytes: float, cache: P
         layers=layers, dense_layers=dense_layers, pp=plan.pp, virtual_stages=plan.virtual_stages,
         dense_layer_s=dense_s, moe_layer_s=moe_s, first_s=first_s, last_s=last_s, static_bytes=tuple(static),
         dense_layer_bytes=tuple(dense_bytes), moe_layer_bytes=tuple(moe_bytes), capacity_bytes=capacity_bytes,
+        **per_stage,
     )
 
 
@@ -85,7 +98,7 @@ def recompute_input(setup: TrainingSetup, capacity_bytes: float, cache: PricingC
     counts = stage_layer_counts(model.layers, plan)
     stage_layers = tuple(d + e for d, e in kinds)
     exact = memory_per_stage(model, plan, job, capacity_bytes=capacity_bytes,
-                             flash_attention=setup.attention_kernel == "flash")
+                             flash_attention=setup.fused_attention)
     stage_s, extra_s, saved, working = [], [], [], []
     start = 0
     starts = []

@@ -90,7 +90,7 @@ def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Work
         for stage, (dense, moe, first, last, recomputed), stage_terms in zip(stages, memory_kinds, terms):
             kind = stage_memory_class(
                 model, stage_plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
-                recomputed_layers=recomputed, flash_attention=setup.attention_kernel == "flash", terms=stage_terms,
+                recomputed_layers=recomputed, flash_attention=setup.fused_attention, terms=stage_terms,
             )
             floor = max(floor, kind.total_bytes(inflight_microbatches(plan, m, stage)))
         worker.floors[key] = floor

@@ -236,7 +236,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return cmd_validate_measurements(args, dumps)
     from validation.published import run_suites
 
-    report = run_suites(args.suite, fidelity=args.fidelity)
+    report = run_suites(args.suite, fidelity=args.fidelity, calibration=args.calibration)
     if args.format == "json":
         print(dumps(report.to_json()))
     else:

@@ -98,8 +98,15 @@ def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None) ->
     setup = getattr(result, "setup", None)
     if setup is not None:
         cluster = resolved.setdefault("cluster", {})
-        cluster.update(gpu=setup.cluster.gpu.name, num_gpus=setup.cluster.num_gpus,
-                       node=setup.cluster.node.name, network=setup.cluster.network.name)
+        if setup.groups:  # a heterogeneous cluster: each group its GPU and node
+            cluster.update(num_gpus=setup.cluster.num_gpus, network=setup.cluster.network.name, groups=[
+                {"gpu": g.cluster.gpu.name, "num_gpus": g.cluster.num_gpus, "node": g.cluster.node.name, **(
+                    {"calibration": c["calibration"]} if "calibration" in c else {})}
+                for g, c in zip(setup.groups, cluster.get("groups", [{}] * len(setup.groups)))
+            ])
+        else:
+            cluster.update(gpu=setup.cluster.gpu.name, num_gpus=setup.cluster.num_gpus,
+                           node=setup.cluster.node.name, network=setup.cluster.network.name)
         training = resolved.setdefault("training", {})
         for f in ("seq_len", "global_batch", "micro_batch", "precision", "optimizer"):
             training[f] = getattr(setup.job, f)
@@ -109,6 +116,10 @@ def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None) ->
             parallel[f.name] = _plain(getattr(setup.plan, f.name))
         parallel.update(dp_comm_overlap=setup.dp_comm_overlap, expert_load_imbalance=setup.expert_load_imbalance,
                         overlap_slowdown=setup.overlap_slowdown)
+        if setup.groups:
+            parallel["stage_groups"] = list(setup.stage_group)
+            if "overlap_slowdown" not in config.get("parallel", {}):
+                del parallel["overlap_slowdown"]  # each group's GPU has its own default
         return resolved
     system = getattr(result, "system", None)
     if system is None:

@@ -139,14 +139,21 @@ def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = N
 
 
 MAX_NUM_GPUS = 1_000_000  # the largest clusters built are ~10^5 GPUs; the topology graph grows with it
-CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration")
+CLUSTER_KEYS = ("gpu", "num_gpus", "node", "network", "calibration", "groups")
+# ``[cluster] calibration = "none"``: no profile, the analytic cost model alone
+NO_CALIBRATION = "none"
 
 
 def with_calibration(gpu: GpuSpec, path: Any) -> GpuSpec:
     """``gpu`` priced with the calibration profile at ``path`` (``[cluster] calibration``; relative
-    paths resolve from the working directory) instead of its shipped profile."""
+    paths resolve from the working directory) instead of its shipped profile; ``"none"`` prices it
+    with the analytic defaults alone."""
     if not isinstance(path, str) or not path:
-        raise ConfigError(f"[cluster] calibration = {path!r} must be the path of a profile TOML (llmsim calibrate fit)")
+        raise ConfigError(
+            f"[cluster] calibration = {path!r} must be the path of a profile TOML (llmsim calibrate fit) or \"none\""
+        )
+    if path == NO_CALIBRATION:
+        return dataclasses.replace(gpu, calibration=None)
     try:
         profile = load_profile(path)
     except CatalogError as exc:
@@ -158,6 +165,8 @@ def resolve_cluster(config: Mapping[str, Any], default_num_gpus: int | None = No
     """``[cluster]``: GPU (catalog name), GPU count, and optionally node and network names."""
     table = section(config, "cluster")
     reject_unknown_keys(table, "cluster", CLUSTER_KEYS)
+    if "groups" in table:
+        raise ConfigError("[cluster] groups (a heterogeneous cluster) is for training runs; give one gpu and num_gpus for serving")
     if "gpu" not in table:
         raise ConfigError("[cluster] needs 'gpu' (a catalog GPU name; see `llmsim catalog gpus`)")
     num_gpus = table.get("num_gpus", default_num_gpus)

@@ -13,6 +13,7 @@ from sim.config import CLUSTER_KEYS
 from sim.serving.config import DISAGGREGATED_KEYS, SERVING_KEYS, SPECULATIVE_KEYS
 from sim.serving.metrics import _SLO_KEYS
 from sim.training.config import PARALLEL_KEYS, TRAINING_KEYS
+from sim.training.hetero import GROUP_KEYS
 from sim.training.goodput import CHECKPOINT_KEYS, FAILURE_KEYS
 from workloads.model import ModelSpec
 from workloads.requests import _LENGTH_KEYS, _SESSION_KEYS, _WORKLOAD_KEYS
@@ -48,6 +49,7 @@ def key_tables() -> dict[str, tuple[str, ...]]:
     return {
         "model": tuple(f.name for f in dataclasses.fields(ModelSpec)),
         "cluster": tuple(CLUSTER_KEYS),
+        "cluster.groups": tuple(GROUP_KEYS),
         "training": tuple(k for k in TRAINING_KEYS if k not in ("checkpoint", "failures")),
         "training.checkpoint": tuple(CHECKPOINT_KEYS),
         "training.failures": tuple(FAILURE_KEYS),

@@ -139,6 +139,7 @@ def _op_time_s(
             bytes_per_element=op.bytes_per_element,
             causal=op.causal,
             backward=op.backward,
+            kernel_rate=op.kernel_rate,
         )
     if op.kind == "memory":
         return cost.memory_op_time_s(gpu, op.bytes_moved)

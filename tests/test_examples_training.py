@@ -144,7 +144,8 @@ def test_example_physical_invariants(example: Path, fidelity: str) -> None:
         assert seconds < m["iteration_time_s"]
     parallel = m["parallel"]
     gpus = parallel["tp"] * parallel["pp"] * parallel["cp"] * parallel["dp"]
-    assert gpus == config["cluster"]["num_gpus"]
+    groups = config["cluster"].get("groups", [])
+    assert gpus == (sum(g["num_gpus"] for g in groups) if groups else config["cluster"]["num_gpus"])
     tokens = config["training"]["global_batch"] * config["training"]["seq_len"]
     assert m["tokens_per_s"] == pytest.approx(tokens / m["iteration_time_s"], rel=1e-9)
     assert m["tokens_per_s_per_gpu"] * gpus == pytest.approx(m["tokens_per_s"], rel=1e-9)
@@ -152,9 +153,14 @@ def test_example_physical_invariants(example: Path, fidelity: str) -> None:
     parts = m["memory_bytes"]
     assert all(value >= 0 for value in parts.values())
     assert sum(parts.values()) == pytest.approx(m["peak_memory_bytes"], rel=1e-9)
-    capacity = gpu_capacity_bytes(config["cluster"]["gpu"])
-    assert m["fits_in_memory"] == (m["peak_memory_bytes"] <= capacity)
-    assert m["memory_shortfall_bytes"] == pytest.approx(max(0.0, m["peak_memory_bytes"] - capacity), rel=1e-9)
+    if groups:  # every stage against its own group's GPU: the peak fits the largest of them if all fit
+        capacity = max(gpu_capacity_bytes(g["gpu"]) for g in groups)
+        assert m["peak_memory_bytes"] <= capacity or not m["fits_in_memory"]
+        assert (m["memory_shortfall_bytes"] == 0.0) == m["fits_in_memory"]
+    else:
+        capacity = gpu_capacity_bytes(config["cluster"]["gpu"])
+        assert m["fits_in_memory"] == (m["peak_memory_bytes"] <= capacity)
+        assert m["memory_shortfall_bytes"] == pytest.approx(max(0.0, m["peak_memory_bytes"] - capacity), rel=1e-9)
     assert m["offloaded_bytes"]["cpu"] >= 0 and m["offloaded_bytes"]["nvme"] >= 0
     # one axis degree of 1 means no communication on it
     for axis in ("tp", "cp", "ep"):

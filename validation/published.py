@@ -146,19 +146,28 @@ class Report:
         }
 
 
-def run_suites(name: str, fidelity: str = "des") -> Report:
-    """Run ``name`` ("training", "serving" or "all")."""
+def with_calibration(config: Mapping[str, Any], calibration: str | None) -> dict[str, Any]:
+    """A row's config with ``[cluster] calibration = calibration`` (None: unchanged, every GPU
+    priced with its shipped profile; "none": the analytic defaults alone)."""
+    if calibration is None:
+        return dict(config)
+    return {**config, "cluster": {**config["cluster"], "calibration": calibration}}
+
+
+def run_suites(name: str, fidelity: str = "des", calibration: str | None = None) -> Report:
+    """Run ``name`` ("training", "serving" or "all"); ``calibration`` as in ``with_calibration``."""
     names = SUITES if name == "all" else (name,)
     reports = []
     for suite in names:
         if suite == "training":
             from validation.training_suite import run_training_modern_suite, run_training_suite
 
-            reports.append(run_training_suite(fidelity=fidelity))
-            reports.append(run_training_modern_suite(fidelity=fidelity))
+            reports.append(run_training_suite(fidelity=fidelity, calibration=calibration))
+            reports.append(run_training_modern_suite(fidelity=fidelity, calibration=calibration))
         else:
-            from validation.serving_suite import run_serving_inflight_suite, run_serving_suite
+            from validation.serving_suite import run_serving_inflight_suite, run_serving_nanoflow_suite, run_serving_suite
 
-            reports.append(run_serving_suite())
-            reports.append(run_serving_inflight_suite())
+            reports.append(run_serving_suite(calibration=calibration))
+            reports.append(run_serving_inflight_suite(calibration=calibration))
+            reports.append(run_serving_nanoflow_suite(calibration=calibration))
     return Report(suites=tuple(reports))

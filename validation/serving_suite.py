@@ -11,6 +11,7 @@ simulate`` runs on it (``llmsim validate -v`` prints the configs). One hardware 
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -19,7 +20,7 @@ from typing import Any
 
 from hardware.catalog import get_gpu
 from sim.runner import RunOptions, simulate
-from validation.published import Comparison, SuiteReport, Threshold
+from validation.published import Comparison, SuiteReport, Threshold, with_calibration
 from workloads.precision import bytes_per_element
 from workloads.graph import expected_active_experts
 from workloads.catalog import get_model
@@ -49,6 +50,8 @@ class Row:
 
     @property
     def label(self) -> str:
+        if self.benchmark == "nanoflow":
+            return f"nanoflow {self.framework} {self.model} tp{self.tp} {self.input_tokens}/{self.output_tokens}"
         if self.benchmark == "inflight":
             return f"{self.framework} {self.model} tp{self.tp} {self.input_tokens}/{self.output_tokens}"
         return f"{self.model} tp{self.tp} b{self.batch} {self.input_tokens}/{self.output_tokens}"
@@ -69,6 +72,11 @@ def load_rows(path: Path = DATA) -> list[Row]:
 # for every row): a batch large enough that the KV cache, not the batch limit, bounds concurrency
 TRTLLM_BENCH_MAX_BATCH = 2048
 TRTLLM_BENCH_MAX_TOKENS = 8192
+# NanoFlow's baselines ran each engine's defaults: 256 sequences per step, the default of vLLM's
+# max_num_seqs (vllm/engine/arg_utils.py EngineArgs) and of trtllm-build --max_batch_size
+# (tensorrt_llm/commands/build.py); vLLM v0.5.3 ran without chunked prefill (enable_chunked_prefill
+# default off before V1)
+ENGINE_DEFAULT_MAX_BATCH = 256
 
 
 def row_config(row: Row) -> dict[str, Any]:
@@ -76,6 +84,21 @@ def row_config(row: Row) -> dict[str, Any]:
     on ``tp`` GPUs of the GPU's standard node, served by the row's stack; "static" rows run them as
     one static batch, "inflight" rows (trtllm-bench) with iteration-level batching that reserves each
     request's whole length up front (TensorRT-LLM's GUARANTEED_NO_EVICT: no preemption)."""
+    if row.benchmark == "nanoflow":
+        serving: dict[str, Any] = {
+            "framework": row.framework, "tp": row.tp, "max_num_seqs": ENGINE_DEFAULT_MAX_BATCH,
+            "max_batched_tokens": TRTLLM_BENCH_MAX_TOKENS, "max_model_len": row.input_tokens + row.output_tokens,
+            "weight_precision": "fp16", "kv_precision": "fp16",
+        }
+        serving.update({"scheduler": "orca"} if row.framework.startswith("trtllm") else
+                       {"scheduler": "vllm", "chunked_prefill": False})
+        return {
+            "model": {"name": row.model},
+            "cluster": {"gpu": row.gpu, "num_gpus": row.tp},
+            "serving": serving,
+            "workload": {"arrival": "offline", "num_requests": row.batch, "prompt_tokens": row.input_tokens,
+                         "output_tokens": row.output_tokens},
+        }
     if row.benchmark == "inflight":
         return {
             "model": {"name": row.model},
@@ -116,14 +139,16 @@ _METRICS = {
     "decode_latency_per_token_s": lambda m, row: m["tpot_s"]["mean"],
     "total_latency_s": lambda m, row: m["e2e_s"]["mean"],
     "output_tokens_per_s_per_gpu": lambda m, row: m["output_tokens_per_s"] / row.tp,
+    "total_tokens_per_s_per_gpu": lambda m, row: m["total_tokens_per_s"] / row.tp,
 }
 
 
-def predict(row: Row) -> float:
-    """The row's metric from exactly the run ``llmsim simulate`` makes of ``row_config(row)``."""
+def predict(row: Row, calibration: str | None = None) -> float:
+    """The row's metric from exactly the run ``llmsim simulate`` makes of ``row_config(row)`` (with
+    ``[cluster] calibration = calibration`` when given, ``validation.published.with_calibration``)."""
     if row.metric not in _METRICS:
         raise ValueError(f"serving.csv: unknown metric '{row.metric}'")
-    metrics = simulate(row_config(row), RunOptions()).metrics()
+    metrics = simulate(with_calibration(row_config(row), calibration), RunOptions()).metrics()
     return _METRICS[row.metric](metrics, row)
 
 
@@ -147,29 +172,59 @@ def hbm_roofline_tokens_per_s_per_gpu(row: Row) -> float:
 
 
 # TensorRT-LLM 0.14 in-flight rows (published-serving.md): the issue's target is throughput MAPE <= 10 %
-# with no row worse than 25 %; the model reaches 12.0 % / 30.1 % (it over-predicts TP 4-8 70B rows:
+# with no row worse than 25 %; the model reaches 11.7 % / 25.2 % (it over-predicts TP 4-8 70B rows:
 # see the closing note of issue 11), so these bounds only stop regressions.
-INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.13, max_row_error=0.31),)
+INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.12, max_row_error=0.26),)
 
 
-def run_serving_inflight_suite() -> SuiteReport:
-    """The TensorRT-LLM 0.14 trtllm-bench rows (in-flight batching), through the user path."""
-    comparisons = tuple(
-        Comparison(suite="serving-trtllm-0.14", row=r.label, metric=r.metric, published=r.published,
-                   predicted=predict(r), citation=r.citation, config=row_config(r))
-        for r in load_rows() if r.benchmark == "inflight"
+def _benchmark_comparisons(suite: str, benchmark: str, calibration: str | None) -> tuple[Comparison, ...]:
+    """Every ``benchmark`` row of serving.csv predicted through the user path, as comparisons of ``suite``."""
+    return tuple(
+        Comparison(suite=suite, row=r.label, metric=r.metric, published=r.published,
+                   predicted=predict(r, calibration), citation=r.citation,
+                   config=with_calibration(row_config(r), calibration))
+        for r in load_rows() if r.benchmark == benchmark
     )
+
+
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
+def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
+    """The TensorRT-LLM 0.14 trtllm-bench rows (in-flight batching), through the user path."""
     return SuiteReport(
-        suite="serving-trtllm-0.14", comparisons=comparisons, thresholds=INFLIGHT_THRESHOLDS,
+        suite="serving-trtllm-0.14", comparisons=_benchmark_comparisons("serving-trtllm-0.14", "inflight", calibration),
+        thresholds=INFLIGHT_THRESHOLDS,
         notes=("1,000 requests per row and trtllm-bench limits of 2,048 sequences and 8,192 tokens per step assumed; "
                "the KV cache takes 0.9 of the memory the weights leave (TensorRT-LLM free_gpu_memory_fraction), "
                "which reproduces the TP2 70B cliff (785 published, 789 predicted)",
-               "TP 4-8 Llama 70B rows are over-predicted by up to 30 %: the TP all-reduce of small decode "
+               "TP 4-8 Llama 70B rows are over-predicted by up to 25 %: the TP all-reduce of small decode "
                "batches and the in-flight scheduler's per-step cost are not modelled beyond the op graph",),
     )
 
 
-def run_serving_suite() -> SuiteReport:
+# NanoFlow's baselines (published-serving.md): the issue's target is within 20 % per row. The
+# TensorRT-LLM v0.8 rows are (+3..+6 %); the vLLM v0.5.3 rows are over-predicted by 59-67 %
+# (NANOFLOW_NOTES), so the bound below only stops regressions.
+NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.35, max_row_error=0.70),)
+NANOFLOW_NOTES = (
+    "NanoFlow's throughput counts input + output tokens (its 'optimal' 1,857 tokens/s/GPU is one compute "
+    "roofline, 312 TFLOP/s / 2 x 69 B parameters x 0.82, for all three workloads; output tokens alone would "
+    "make 512/1024 and 1024/512 disagree with it); both engines at their default 256 sequences per step, "
+    "1,000 requests assumed",
+    "vLLM v0.5.3 rows run the V1 'vllm' profile's 126 us per step: the V0 engine's host work per step (Python "
+    "scheduling, input preparation and sampling, which vLLM's v0.6.0 performance post names as most of "
+    "v0.5.3's step time) has no sourced size and no shipped profile, so these rows are over-predicted by 59-67 %",
+)
+
+
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
+def run_serving_nanoflow_suite(calibration: str | None = None) -> SuiteReport:
+    """NanoFlow's vLLM and TensorRT-LLM baselines (LLaMA-2-70B, 8 x A100, offline), through the user path."""
+    return SuiteReport(suite="serving-nanoflow", comparisons=_benchmark_comparisons("serving-nanoflow", "nanoflow", calibration),
+                       thresholds=NANOFLOW_THRESHOLDS, notes=NANOFLOW_NOTES)
+
+
+@functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
+def run_serving_suite(calibration: str | None = None) -> SuiteReport:
     rows = [r for r in load_rows() if r.benchmark == "static"]
     comparisons = []
     for r in rows:
@@ -180,8 +235,8 @@ def run_serving_suite() -> SuiteReport:
                 excluded = (f"published {r.published:.0f} exceeds the HBM roofline {bound:.0f} tok/s/GPU of the "
                             "weights, activated experts and KV a step must read")
         comparisons.append(Comparison(suite="serving", row=r.label, metric=r.metric, published=r.published,
-                                      predicted=predict(r), citation=r.citation, excluded=excluded,
-                                      config=row_config(r)))
+                                      predicted=predict(r, calibration), citation=r.citation, excluded=excluded,
+                                      config=with_calibration(row_config(r), calibration)))
     comparisons = tuple(comparisons)
     return SuiteReport(
         suite="serving", comparisons=comparisons, thresholds=THRESHOLDS,

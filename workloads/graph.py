@@ -48,7 +48,9 @@ class Op:
     causal: bool = True
     backward: bool = False  # attention: the backward kernel
     bytes_moved: float = 0.0
-    backward_bytes_moved: float | None = None  # memory op: bytes of its backward (None: twice the forward)
+    # memory op: bytes of its backward (None: twice the forward); collective: the backward's message
+    # (None: the forward's, as the conjugate collective)
+    backward_bytes_moved: float | None = None
     collective: str = ""
     axis: str = ""
     message_bytes: float = 0.0
@@ -57,6 +59,7 @@ class Op:
     recompute: bool = False  # re-run of a forward op inside the backward pass
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
     precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
+    kernel_rate: float = 1.0  # attention: compute rate of the kernel implementation relative to FlashAttention-2
 
     @property
     def gemm_flops(self) -> float:
@@ -89,6 +92,57 @@ def expected_active_experts(experts: int, top_k: int, routed_tokens: int) -> flo
 def _div(value: int, parts: int) -> int:
     """Shard size (ceil): a dimension smaller than the parallel degree is replicated, not zero."""
     return max(1, -(-value // parts))
+
+
+def _ring_pass(axis: str, ring: int, kv_block: float) -> Op:
+    """Ring attention's K/V passes: ring - 1 steps, each sending this rank's K and V block on to the
+    next rank. The backward passes K and V around again and the dK, dV partial sums with them
+    (ring-flash-attention's ring_flash_attn_backward: kv_comm and d_kv_comm; Transformer Engine's
+    P2P context parallelism likewise): twice the forward's bytes."""
+    message = (ring - 1) * kv_block
+    return Op(name="cp_kv_ring", kind="collective", collective="send_recv", axis=axis, message_bytes=message,
+              backward_bytes_moved=2.0 * message)
+
+
+def _ring_blocks(sequences: Sequence[tuple[int, int]], ring: int) -> int | None:
+    """The local query count q of load-balanced ring attention when ``sequences`` are its priced
+    pairs (each q local queries against ring x q / 2 keys on average, ``attention_sequences``); None
+    otherwise (a sliding window caps the keys: priced as one kernel)."""
+    q = sequences[0][0] if sequences else 0
+    if q < 2 or q % 2 or any(pair != (q, ring * q // 2) for pair in sequences):
+        return None
+    return q
+
+
+def _ring_attention_ops(
+    sequences: Sequence[tuple[int, int]], ring: int, *, heads: int, kv_heads: int, qk_dim: int, v_dim: int,
+    bytes_per_element: float,
+) -> list[Op]:
+    """Ring attention as it runs: one attention kernel per ring step and an online-softmax merge after
+    each remote step (Liu et al. 2023, Ring Attention; load-balanced zigzag as Megatron-Core / TE).
+    The rank holds two sequence chunks of q / 2 tokens; step 0 attends its own K/V (causal, q x q);
+    each of the ring - 1 remote steps attends q / 2 x q key pairs of work (the rank's queries against
+    one remote chunk, or its later chunk against both), priced at the costlier form (all q queries,
+    two q/2 x q/2 blocks): the step's ranks wait for the slowest. Each kernel reloads its queries and
+    rewrites its output (the kernel model's per-query cost) and launches; each merge reads the block's
+    output and updates the fp32 accumulator (zhuzilin/ring-flash-attention ``_update_out_and_lse``:
+    block_out cast to fp32, out read and written; LSE read twice, written once). Same FLOPs as one
+    kernel over q queries x s/2 keys."""
+    q = _ring_blocks(sequences, ring)
+    assert q is not None
+    b = len(sequences)
+
+    def kernel(name: str, pairs: tuple[tuple[int, int], ...], causal: bool) -> Op:
+        return Op(name=name, kind="attention", sequences=pairs, heads=heads, kv_heads=kv_heads, head_dim=qk_dim,
+                  v_head_dim=v_dim, causal=causal)
+
+    merge_bytes = b * q * heads * (v_dim * (bytes_per_element + 4.0 + 4.0) + 3 * 4.0)
+    ops = [kernel("attention", ((q, q),) * b, True)]
+    half = ((q // 2, q // 2),) * (2 * b)
+    for step in range(1, ring):
+        ops.append(kernel(f"attention_ring_{step}", half, False))
+        ops.append(Op(name=f"attention_ring_merge_{step}", kind="memory", bytes_moved=merge_bytes))
+    return ops
 
 
 def layer_forward_ops(
@@ -169,16 +223,21 @@ def layer_forward_ops(
         ring = sharding.cp // head_split
         if ring > 1:
             kv_block = tokens * head_split * _div(kv_heads, head_split) * (qk_dim + v_dim) * a
-            ops.append(coll("cp_kv_ring", "send_recv", "cp_ring", (ring - 1) * kv_block))
+            ops.append(_ring_pass("cp_ring", ring, kv_block))
     elif sharding.cp > 1:
         kv_block = tokens * kv_heads * (qk_dim + v_dim) * a
         if sharding.cp_comm == "all_gather":
             # all-gather the full sequence's K and V before attention (Llama 3's context parallelism)
             ops.append(coll("cp_kv_all_gather", "all_gather", "cp", sharding.cp * kv_block))
         else:
-            # ring attention: cp - 1 steps, each passing this rank's K and V block to the next rank
-            ops.append(coll("cp_kv_ring", "send_recv", "cp", (sharding.cp - 1) * kv_block))
-    if fused_attention:
+            ops.append(_ring_pass("cp", sharding.cp, kv_block))
+    ring_steps = sharding.cp // head_split if sharding.cp > 1 and sharding.cp_comm in ("ring", "hybrid") else 1
+    if fused_attention and ring_steps > 1 and _ring_blocks(sequences, ring_steps) is not None:
+        ops += _ring_attention_ops(
+            sequences, ring_steps, heads=_div(heads, head_split), kv_heads=_div(kv_heads, head_split),
+            qk_dim=qk_dim, v_dim=v_dim, bytes_per_element=a,
+        )
+    elif fused_attention:
         ops.append(
             Op(
                 name="attention",
@@ -386,7 +445,9 @@ def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tupl
             backward = 2 * op.bytes_moved if op.backward_bytes_moved is None else op.backward_bytes_moved
             b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=backward, backward_bytes_moved=None))
         else:
-            b_ops.append(replace(op, name=f"{op.name}_backward", collective=_CONJUGATE[op.collective]))
+            message = op.message_bytes if op.backward_bytes_moved is None else op.backward_bytes_moved
+            b_ops.append(replace(op, name=f"{op.name}_backward", collective=_CONJUGATE[op.collective],
+                                 message_bytes=message, backward_bytes_moved=None))
     return b_ops, w_ops
 
 

@@ -14,6 +14,7 @@ RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
 CP_COMM = ("ring", "all_gather", "ulysses", "hybrid")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
+GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +115,11 @@ class TrainingJob:
     micro_batch: int
     precision: str = "bf16"  # "bf16" | "fp16" | "fp8" (fp8 GEMMs, bf16 elsewhere)
     optimizer: str = "adam"
+    # dtype of the main-gradient buffer and its data-parallel reduction (the stack's grad_reduce_dtype)
+    grad_reduce_dtype: str = "fp32"
+    # fp8 primary weights (precision fp8 only): matmul weights kept in fp8, no 16-bit copy
+    # (Transformer Engine fp8_model_init; Megatron --fp8-param-gather)
+    fp8_params: bool = False
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch", "micro_batch"):
@@ -124,6 +130,12 @@ class TrainingJob:
             raise InvalidPlanError(
                 f"training.precision = '{self.precision}' must be one of {', '.join(TRAINING_PRECISIONS)}"
             )
+        if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
+            raise InvalidPlanError(
+                f"training.grad_reduce_dtype = '{self.grad_reduce_dtype}' must be one of {', '.join(GRAD_REDUCE_DTYPES)}"
+            )
+        if self.fp8_params and self.precision != "fp8":
+            raise InvalidPlanError(f"training.fp8_params needs precision 'fp8', not '{self.precision}'")
         if self.optimizer not in ("adam", "sgd"):
             raise InvalidPlanError(f"training.optimizer = '{self.optimizer}' must be 'adam' or 'sgd'")
 

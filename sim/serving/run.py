@@ -153,6 +153,7 @@ def build_system(
             shape, step_overhead_s=spec.step_overhead_s, request_overhead_s=spec.request_overhead_s,
             draft=_draft_cost(spec, shape) if role != "prefill" else None, draft_free_overhead=overhead,
             decode_attention=decode_attention_kernel(spec.decode_attention, shape.model, shape.tp),
+            tp_all_reduce=spec.tp_all_reduce,
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))
         first += shape.num_gpus * count

@@ -113,6 +113,7 @@ class StepCostModel:
         draft: StepCostModel | None = None,
         draft_free_overhead: float = 0.0,
         decode_attention: str = "shared_kv",
+        tp_all_reduce: str = "nccl",
     ) -> None:
         if decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention = {decode_attention!r}; allowed: {', '.join(DECODE_ATTENTION_KERNELS)}")
@@ -135,6 +136,10 @@ class StepCostModel:
         self._kv_bpe = bytes_per_element(shape.kv_precision)
         ranks = list(range(shape.first_rank, shape.first_rank + shape.tp))
         self._links = {"tp": cluster.group_links(ranks)}
+        tp_calibration = self._links["tp"].calibration
+        if tp_all_reduce != "nccl" and tp_calibration is not None:
+            # the stack's own all-reduce kernel where the GPU's profile measured it (``for_tp_all_reduce``)
+            self._links["tp"] = replace(self._links["tp"], calibration=tp_calibration.for_tp_all_reduce(tp_all_reduce))
         stage_gpus = shape.tp * shape.ep
         if shape.ep > 1:
             self._links["ep"] = cluster.group_links([shape.first_rank + i * shape.tp for i in range(shape.ep)])

@@ -30,10 +30,12 @@ DEFAULT_FRAMEWORK = {"training": "megatron-core", "serving": "vllm"}
 # number, and the config section where a user overrides it.
 SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
     "training": {
-        "attention_kernel": ("training", ("flash", "unfused")),
+        "attention_kernel": ("training", ("flash", "flash1", "unfused")),
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
         "fp8_recipe": ("training", ("delayed", "current")),
+        "fp8_params": ("training", bool),
+        "fp8_bf16_edge_layers": ("training", float),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
     },
@@ -42,6 +44,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "request_overhead_us": ("serving", float),
         "decode_attention": ("serving", ("shared_kv", "per_query_head", "xqa")),
         "kv_cache_memory": ("serving", ("total_fraction", "free_fraction")),
+        "tp_all_reduce": ("serving", ("nccl", "trtllm", "vllm", "sglang")),
     },
 }
 

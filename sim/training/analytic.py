@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
-from sim.training.schedules import ProgramProfile, amortises_gathers, program_profile
+from sim.training.schedules import ProgramProfile, amortises_gathers, program_profile, tiles_iterations
 from sim.training.work import ChunkWork, CommWork, PipelineWork
 
 
@@ -158,6 +158,9 @@ class PipelinePhase(NamedTuple):
     exposed_comm_s: dict[str, float]  # tp, cp, ep (any chunk axis) of the critical stage, and pp; shared,
     # so never modified (finish_iteration copies it)
     gather_rounds: int = 1  # times each chunk's ZeRO-3 parameters are gathered per pass (``pipeline_phase``)
+    # schedules whose iterations tile (``tiles_iterations``): when each stage's first op starts; the
+    # iteration is then the longest span from there to the stage's optimizer end. Empty otherwise.
+    stage_start_s: tuple[float, ...] = ()
 
 
 def pipeline_phase(
@@ -209,6 +212,15 @@ def pipeline_phase(
     # all micro-batches run a chunk back to back and one gather per pass serves them all
     # (Lamy-Poirier 2022, arXiv 2211.05953)
     rounds = 1 if amortises_gathers(schedule) else m
+    if tiles_iterations(schedule):
+        # post-validation: each stage's own span, first op to last op, at the per-pass prices of the
+        # split-backward closed form (below); the bubble is the idle share of the longest span
+        f, b, w = _pass_prices(chunk_of, stage_class, v)
+        finishes = _stage_finishes(profile, totals, m, v, f, b, w)
+        starts = tuple(max(nf * f + nb * b + nw * w for nf, nb, nw in begins) for begins in profile.stage_start_paths)
+        span = max(end - start for end, start in zip(finishes, starts))
+        bubble = 1.0 - sum(busy) / (p * span) if span > 0 else 0.0
+        return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts)
     return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds)
 
 
@@ -238,14 +250,26 @@ def _program_time(
         if v == 1:
             return (k - p) * slowest + sum(totals)
         return k * slowest / v
+    return max(_stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v)))
+
+
+def _pass_prices(chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], v: int) -> tuple[float, float, float]:
+    """Per-chunk F, B and W of the split-backward closed form: the slowest stage's value of each pass."""
     used = [chunk_of[k] for k in set(stage_class)]
     f = max(t.forward_s for t in used) / v
     b = max(t.backward_input_s for t in used) / v
     w = max(t.backward_weight_s for t in used) / v
-    # each stage finishes after its own m micro-batches plus the idle time its program leaves it on
-    # uniform stages at those prices (exact on uniform stages; the slack of faster stages is not used)
+    return f, b, w
+
+
+def _stage_finishes(
+    profile: ProgramProfile, totals: Sequence[float], m: int, v: int, f: float, b: float, w: float
+) -> tuple[float, ...]:
+    """When each stage's last op ends: after its own m micro-batches plus the idle time its program
+    leaves it on uniform stages at the prices f, b, w (exact on uniform stages; the slack of faster
+    stages is not used)."""
     uniform = m * v * (f + b + w)
-    return max(
+    return tuple(
         m * total + max(nf * f + nb * b + nw * w for nf, nb, nw in ends) - uniform
         for total, ends in zip(totals, profile.stage_paths)
     )
@@ -280,8 +304,9 @@ def finish_iteration(
         after_of.append(dp.optimizer_s)
     iteration = 0.0
     exposed_dp_critical = 0.0
-    for last_backward_end, k in zip(phase.last_backward_end_s, stage_class):
-        finish = last_backward_end + exposed_dp_of[k] + after_of[k]
+    starts = phase.stage_start_s or (0.0,) * len(stage_class)
+    for last_backward_end, k, start in zip(phase.last_backward_end_s, stage_class, starts):
+        finish = last_backward_end + exposed_dp_of[k] + after_of[k] - start
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, exposed_dp_of[k]
     exposed = dict(phase.exposed_comm_s)

@@ -12,6 +12,7 @@ from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, sect
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.stacks import resolve_settings
+from sim.training.hetero import StageGroup, place_stages, resolve_groups, stage_groups_for
 from sim.training.goodput import CheckpointSpec, FailureSpec, parse_checkpoint, parse_failures
 from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, program_profile
 from workloads.errors import InvalidPlanError
@@ -20,7 +21,8 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "checkpoint", "failures",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
+    "failures",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -45,8 +47,9 @@ PARALLEL_KEYS = (
     "cp_heads",
     "expert_load_imbalance",
     "overlap_slowdown",
+    "stage_groups",
 )
-ATTENTION_KERNELS = ("flash", "unfused")
+ATTENTION_KERNELS = ("flash", "flash1", "unfused")
 # bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
 GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -62,6 +65,21 @@ def default_overlap_slowdown(sm_count: int) -> float:
     return sm_count / (sm_count - min(COMMUNICATION_SMS, sm_count // 2))
 
 
+# SMs a point-to-point send/recv kernel holds (one peer each way, as ring attention's K/V passes):
+# NCCL sizes P2P channels apart from the ring/tree collectives, and on a node with NICs a send/recv
+# needs a fraction of the SMs an all-reduce does (NCCL maintainer, NVIDIA/nccl#1598); measured
+# send/recv and all-to-all kernels run on 2-8 SMs where all-gather / reduce-scatter take 32 (same
+# thread). The top of that range, and never more than the run's collectives hold.
+P2P_COMMUNICATION_SMS = 8
+
+
+def p2p_overlap_slowdown(overlap_slowdown: float, sm_count: int) -> float:
+    """Compute slowdown while a send/recv kernel overlaps it: the SMs the run's collectives hold
+    (``overlap_slowdown`` = SMs / (SMs - held)), capped at P2P_COMMUNICATION_SMS."""
+    held = min(sm_count * (1.0 - 1.0 / overlap_slowdown), P2P_COMMUNICATION_SMS)
+    return sm_count / (sm_count - held)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingSetup:
     """Everything a training run needs, resolved and validated."""
@@ -70,21 +88,45 @@ class TrainingSetup:
     cluster: Cluster
     job: TrainingJob
     plan: ParallelPlan
-    attention_kernel: str  # "flash" (FlashAttention / cuDNN fused) | "unfused" (scores materialised)
+    # "flash" (FlashAttention-2 / cuDNN fused) | "flash1" (a FlashAttention-1-class fused kernel, e.g.
+    # the 2022 Triton kernel) | "unfused" (scores materialised)
+    attention_kernel: str
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
     framework: str = "megatron-core"  # the software-stack profile (sim/stacks/training/)
-    # dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"
-    grad_reduce_dtype: str = "fp32"
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
     main_grad_accumulation: str = "fused"
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
     fp8_recipe: str = "delayed"
+    # transformer layers at each end of the model an fp8 run keeps in bf16 (Megatron-Core
+    # first_last_layers_bf16 with num_layers_at_start/end_in_bf16)
+    fp8_bf16_edge_layers: int = 0
     checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
     failures: FailureSpec | None = None  # [training.failures]
+    # heterogeneous clusters ([cluster] groups, sim.training.hetero): the groups and the group of
+    # every pipeline stage; empty on a homogeneous cluster. ``cluster`` is then the whole job's
+    # GPU count on stage 0's group's GPU and node (every stage is priced on its own group's).
+    groups: tuple[StageGroup, ...] = ()
+    stage_group: tuple[int, ...] = ()
+
+    def bf16_layer(self, layer: int) -> bool:
+        """Whether global transformer ``layer`` runs its GEMMs in bf16 during fp8 training (the
+        ``fp8_bf16_edge_layers`` first and last layers)."""
+        edges = self.fp8_bf16_edge_layers
+        return self.job.precision == "fp8" and edges > 0 and (layer < edges or layer >= self.model.layers - edges)
+
+    @property
+    def fused_attention(self) -> bool:
+        """Whether attention runs as one fused kernel (no scores in memory)."""
+        return self.attention_kernel != "unfused"
+
+    @property
+    def grad_reduce_dtype(self) -> str:
+        """dtype of the data-parallel gradient reduction and the main-grad buffer: "fp32" | "bf16" | "fp16"."""
+        return self.job.grad_reduce_dtype
 
     @property
     def grad_reduce_bytes(self) -> float:
@@ -199,6 +241,12 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         if value < 1:
             raise InvalidPlanError(f"parallel.{name} = {value} must be >= 1")
     cluster_table = section(config, "cluster")
+    group_clusters: tuple[Cluster, ...] = ()
+    if "groups" in cluster_table:
+        group_clusters, total_gpus = resolve_groups(cluster_table)
+        cluster_table["num_gpus"] = total_gpus
+    elif "stage_groups" in parallel:
+        raise ConfigError(f"[parallel] stage_groups = {parallel['stage_groups']!r} needs [cluster] groups (a heterogeneous cluster)")
     dp_value = parallel.get("dp", "auto")
     if dp_value == "auto":
         num_gpus = cluster_table.get("num_gpus")
@@ -213,9 +261,21 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         dp = dp_value
     else:
         raise ConfigError(f"[parallel] dp = {dp_value!r} must be a positive integer or 'auto'")
-    cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
-    job = replace(job, precision=supported_precision(
-        job.precision, cluster.gpu, "training.precision", given="precision" in training))
+    stage_group: tuple[int, ...] = ()
+    if group_clusters:
+        stage_group = place_stages(group_clusters, parallel.get("stage_groups"), pp=pp, tp=tp, ranks_per_stage=tp * cp * dp)
+        first = group_clusters[stage_group[0]]
+        cluster = Cluster(gpu=first.gpu, node=first.node, network=first.network, num_gpus=sum(c.num_gpus for c in group_clusters))
+    else:
+        cluster = resolve_cluster(config, default_num_gpus=tp * pp * cp * dp)
+    precision = job.precision
+    for gpu in [c.gpu for c in group_clusters] or [cluster.gpu]:  # every group's GPU must have it
+        precision = supported_precision(precision, gpu, "training.precision", given="precision" in training)
+    # fp8 primary weights apply to fp8 runs; a stack that keeps them (its profile) runs bf16 without
+    if training.get("fp8_params") and precision != "fp8":
+        warn(f"[training] fp8_params = true does not apply to precision '{precision}' (fp8 only); ignored")
+    job = replace(job, precision=precision, grad_reduce_dtype=grad_reduce,
+                  fp8_params=settings["fp8_params"] and precision == "fp8")
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -246,6 +306,10 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         cp_heads=_int(parallel, "cp_heads", "parallel", 1),
     )
     validate_plan(model, cluster, job, plan)
+    overlap_slowdowns = [
+        _float(parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(c.gpu.sm_count), 1.0, 100.0)
+        for c in group_clusters
+    ]
     if job.seq_len > model.max_seq_len and model.position != "learned":
         warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
              f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
@@ -261,12 +325,22 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
             parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
         ),
         framework=stack.name,
-        grad_reduce_dtype=grad_reduce,
         main_grad_accumulation=settings["main_grad_accumulation"],
         fp8_recipe=settings["fp8_recipe"],
+        fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
         checkpoint=checkpoint,
         failures=failures,
+        groups=stage_groups_for(group_clusters, overlap_slowdowns),
+        stage_group=stage_group,
     )
+
+
+def _edge_layers(value: float, model: ModelSpec) -> int:
+    """``fp8_bf16_edge_layers``: a whole number of layers, at most half the model at each end."""
+    if value != int(value) or not 0 <= value <= model.layers // 2:
+        raise ConfigError(f"[training] fp8_bf16_edge_layers = {value!r} must be an integer in 0..{model.layers // 2} "
+                          f"(half the {model.layers} layers of model {model.name})")
+    return int(value)
 
 
 def _recompute_layers(parallel: Mapping[str, Any], pp: int) -> tuple[int, ...]:

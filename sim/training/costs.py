@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from hardware.cost import ATTENTION_FA1_RATE
 from hardware.collectives import GroupLinks, collective_time_s
+from hardware.topology import Cluster, spanning_links
 from sim import costmodel
-from sim.training.config import TrainingSetup
+from sim.training.config import TrainingSetup, p2p_overlap_slowdown
+from sim.training.hetero import stage_rank, stage_setup
 from sim.training.activations import layer_activation_parts, stored_activation_bytes
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
@@ -88,8 +91,29 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
 def group_links(setup: TrainingSetup, stage: int, cache: PricingCache | None = None) -> dict[str, GroupLinks]:
     """The links each process group of ``stage`` sees (see ``stage_groups``)."""
     cache = cache if cache is not None else PricingCache()
+    if setup.groups:  # a heterogeneous cluster: the stage's groups inside its own group's cluster
+        sub, local = stage_setup(setup, stage)
+        groups = stage_groups(sub, local)
+        start, stride, _ = groups.pop("pp")
+        links = {axis: cache.group_links(sub.cluster, *spec) for axis, spec in groups.items()}
+        links["pp"] = pipeline_group_links(setup, start, cache)
+        return links
     cluster = setup.cluster
     return {axis: cache.group_links(cluster, *spec) for axis, spec in stage_groups(setup, stage).items()}
+
+
+def pipeline_group_links(setup: TrainingSetup, offset: int, cache: PricingCache) -> GroupLinks:
+    """The links of the pipeline group (rank ``offset`` of every stage) of a heterogeneous cluster:
+    it spans the groups the stages are placed on (``hardware.topology.spanning_links``)."""
+    def compute() -> GroupLinks:
+        parts: dict[int, tuple[Cluster, list[int]]] = {}
+        for stage in range(setup.plan.pp):
+            cluster, rank = stage_rank(setup, stage, offset)
+            parts.setdefault(id(cluster), (cluster, []))[1].append(rank)
+        return spanning_links(list(parts.values()))
+
+    key = (tuple(cache.cluster_id(g.cluster) for g in setup.groups), setup.stage_group, setup.plan.tp * setup.plan.cp * setup.plan.dp, offset)
+    return cache.memo("pipeline_group_links", key, compute)
 
 
 def _sharding(setup: TrainingSetup) -> Sharding:
@@ -135,11 +159,14 @@ def attention_sequences_full(s: int, b: int, window: int | None) -> tuple[tuple[
 
 
 def layer_passes(
-    setup: TrainingSetup, moe: bool, full_recompute: bool = False
+    setup: TrainingSetup, moe: bool, full_recompute: bool = False, bf16: bool = False
 ) -> tuple[list[Op], list[Op], list[Op]]:
     """(F, B, W) ops of one layer for one micro-batch; B starts with the recomputed forward ops
-    (all of them when ``full_recompute``, one of the ``recompute_layers``; else per ``plan.recompute``)."""
+    (all of them when ``full_recompute``, one of the ``recompute_layers``; else per ``plan.recompute``).
+    ``bf16``: a layer an fp8 run keeps in bf16 (``TrainingSetup.bf16_layer``): 16-bit GEMMs, no fp8 casts."""
     job, plan = setup.job, setup.plan
+    if bf16 and job.precision == "fp8":
+        job = replace(job, precision="bf16", fp8_params=False)
     sequences, causal = attention_sequences(setup)
     forward = layer_forward_ops(
         setup.model,
@@ -151,8 +178,10 @@ def layer_passes(
         # fp8 training (Transformer Engine) casts both GEMM operands to fp8; activations stay bf16
         weight_bytes_per_element=bytes_per_element(job.precision),
         causal=causal,
-        fused_attention=setup.attention_kernel == "flash",
+        fused_attention=setup.fused_attention,
     )
+    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
+        forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
     if plan.recompute == "full" or full_recompute:
         recompute = forward
     elif plan.recompute == "selective":
@@ -163,6 +192,9 @@ def layer_passes(
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
     if job.precision == "fp8":
         forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
+    elif setup.job.precision == "fp8":  # a bf16 layer of an fp8 run: its GEMMs at the 16-bit peak
+        forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
+                                 for ops in (forward, b_ops, w_ops))
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
 
 
@@ -349,6 +381,8 @@ def price_pass(
         elif op.kind == "attention":
             attention += seconds
     slowdown = setup.overlap_slowdown - 1.0
+    # the ring's K/V passes are send/recv kernels, which hold fewer SMs than collectives
+    ring_slowdown = p2p_overlap_slowdown(setup.overlap_slowdown, gpu.sm_count) - 1.0 if cp_ring else slowdown
     exposed: dict[str, float] = {}
     tp_paired = setup.plan.tp_comm_overlap and setup.plan.tp > 1 and "tp" in comm
     hidden_tp = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else 0.0
@@ -359,7 +393,7 @@ def price_pass(
             hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
             hidden = 0.0
-        compute += hidden * slowdown
+        compute += hidden * (ring_slowdown if axis == "cp" else slowdown)
         exposed[axis] = seconds - hidden
     return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)
 
@@ -418,20 +452,15 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
     return out
 
 
-# GPUs that share one PCIe switch and its x16 uplink to host memory on an 8-GPU HGX/DGX baseboard
-# (DGX A100 and DGX H100 system topologies: four PCIe switches, two GPUs each); every pipeline stage
-# offloads at once, so each GPU gets half the uplink.
-GPUS_PER_PCIE_SWITCH = 2
-
-
 def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chunk_s: float) -> float:
     """Stall per micro-batch of a chunk that offloads ``offloaded_bytes`` of its activations to host
     memory after F and reloads them before B (PipeOffload, Wan et al. 2025, arXiv 2503.01328): the
     copies run on the copy engines during the stage's other work, one each way per micro-batch and
     ``chunk_s`` of compute per micro-batch to hide them, over the GPU's share of its PCIe switch's
-    uplink; whatever does not fit stalls the backward."""
+    uplink (every pipeline stage offloads at once: the node's ``gpus_per_pcie_switch`` GPUs share it);
+    whatever does not fit stalls the backward."""
     node = setup.cluster.node
-    share = min(GPUS_PER_PCIE_SWITCH, node.gpus_per_node)
+    share = min(node.gpus_per_pcie_switch, node.gpus_per_node)
     seconds = max(offloaded_bytes / (node.host_to_device_Bps / share), offloaded_bytes / (node.device_to_host_Bps / share))
     return max(0.0, seconds - chunk_s)
 
@@ -450,7 +479,7 @@ def chunk_cost(
     first: bool,
     last: bool,
     links: Mapping[str, GroupLinks],
-    layer_cache: dict[tuple[bool, bool] | str, LayerCost],
+    layer_cache: dict[tuple[bool, bool, bool] | str, LayerCost],
     cache: PricingCache | None = None,
     recomputed: int = 0,
 ) -> ChunkCost:
@@ -459,7 +488,7 @@ def chunk_cost(
     model, job, plan = setup.model, setup.job, setup.plan
     costs: list[LayerCost] = []
     for index, layer in enumerate(layers):
-        key = (model.is_moe and layer >= model.dense_layers, index < recomputed)
+        key = (model.is_moe and layer >= model.dense_layers, index < recomputed, setup.bf16_layer(layer))
         if key not in layer_cache:
             layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
         costs.append(layer_cache[key])
@@ -497,7 +526,7 @@ def chunk_cost(
         # its 1/tp slice between stages and the receiver all-gathers it over NVLink
         send /= plan.tp
     parts = layer_activation_parts(
-        model, plan, job, moe=model.is_moe, flash_attention=setup.attention_kernel == "flash", dropout=True
+        model, plan, job, moe=model.is_moe, flash_attention=setup.fused_attention, dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]

@@ -57,7 +57,7 @@ def memory_terms(
     and data-parallel fields, so plans differing only there share them (``model_id``: the model's
     interned id, ``PricingCache.spec_ids``)."""
     model, job = setup.model, setup.job
-    flash = setup.attention_kernel == "flash"
+    flash = setup.fused_attention
     terms_key = (
         model_id, job_values(job), flash, (plan.pp if plan.vocab_parallel else plan.pp > 1),
         plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight, _terms_plan_values(plan), kinds,
@@ -83,7 +83,7 @@ def _memory_classes(
     fields redo just the sharding arithmetic of ``stage_memory_class``."""
     model, plan, job = setup.model, setup.plan, setup.job
     kinds = priced.layout.memory_kinds
-    flash = setup.attention_kernel == "flash"
+    flash = setup.fused_attention
     terms = memory_terms(setup, plan, kinds, cache, priced.keys.model)
     return tuple(
         stage_memory_class(
@@ -103,7 +103,7 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
     # the classes depend on the plan beyond _MEMORY_PLAN_FIELDS only through the stage kinds and
     # the last chunk's in-flight micro-batches (the logits held; pp, v and the schedule set it)
     classes_key = cache.intern((
-        "memory_classes", priced.keys.model, job_values(job), setup.attention_kernel == "flash", (plan.pp if plan.vocab_parallel else plan.pp > 1),
+        "memory_classes", priced.keys.model, job_values(job), setup.fused_attention, (plan.pp if plan.vocab_parallel else plan.pp > 1),
         plan.world_size > 1, _memory_plan_values(plan), layout.memory_kinds,
         plan_profile(plan, priced.num_microbatches).last_chunk_inflight,
     ))

@@ -121,9 +121,7 @@ def checkpoint_times_s(setup: Any, spec: CheckpointSpec) -> tuple[float, float]:
     flush_s = total / nodes / spec.storage_Bps_per_node
     if spec.mode == "sync":
         return flush_s, flush_s
-    from sim.training.costs import GPUS_PER_PCIE_SWITCH  # GPUs sharing a PCIe switch uplink to the host
-
-    share = min(GPUS_PER_PCIE_SWITCH, node.gpus_per_node)
+    share = min(node.gpus_per_pcie_switch, node.gpus_per_node)  # GPUs sharing a host link, all copying
     snapshot_s = total / cluster.num_gpus / (node.device_to_host_Bps / share)
     # the flush of one checkpoint must end before the next begins; the excess stalls training
     stall = snapshot_s + max(0.0, snapshot_s + flush_s - spec.interval_s)

@@ -8,6 +8,7 @@ from operator import attrgetter
 from typing import Any, Mapping, NamedTuple
 
 from hardware.collectives import GroupLinks
+from hardware.topology import spanning_p2p_links
 
 from sim.training.analytic import ChunkTimes, DataParallelTimes, chunk_times, data_parallel_times
 from sim.training.config import TrainingSetup
@@ -20,7 +21,8 @@ from sim.training.data_parallel import (
     signature_parameters,
     stage_signatures,
 )
-from sim.training.memory import memory_per_stage, stage_memory_classes
+from sim.training.hetero import group_setup, setup_memory, stage_rank
+from sim.training.memory import stage_memory_classes
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import PipelineWork, StageWork
 from sim.training.schedules import chunk_ends, placement_kind, plan_layer_counts, plan_placement
@@ -41,6 +43,8 @@ def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[
     """Bandwidth and latency between stage i and stage (i + 1) % pp (first ranks of each stage)."""
     pp = setup.plan.pp
     cluster = setup.cluster
+    if setup.groups:
+        return _spanning_p2p_links(setup)
     cluster_id = cache.cluster_id(cluster) if cache is not None else None
     bandwidth, latency = [], []
     for stage in range(pp):
@@ -56,6 +60,31 @@ def p2p_links(setup: TrainingSetup, cache: PricingCache | None = None) -> tuple[
             bandwidth.append(bw)
             latency.append(lat)
     return tuple(bandwidth), tuple(latency)
+
+
+def _spanning_p2p_links(setup: TrainingSetup) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``p2p_links`` on a heterogeneous cluster: between the first ranks of consecutive stages, inside
+    one group over its own links, between groups across the spine at the slower NIC share."""
+    pp = setup.plan.pp
+    bandwidth, latency = [], []
+    for stage in range(pp):
+        src, dst = stage_rank(setup, stage), stage_rank(setup, (stage + 1) % pp)
+        if src[0] is dst[0] and src[1] == dst[1]:
+            bw, lat = float("inf"), 0.0
+        else:
+            bw, lat = spanning_p2p_links(src, dst)
+        bandwidth.append(bw)
+        latency.append(lat)
+    return tuple(bandwidth), tuple(latency)
+
+
+def class_setup(setup: TrainingSetup, layout: "StageLayout", index: int, keys: "PricingKeys", cache: PricingCache) -> tuple[TrainingSetup, "PricingKeys"]:
+    """The setup (and its keys) stage class ``index`` is priced with: ``setup`` itself, or on a
+    heterogeneous cluster the setup of the class's group (its GPU, node and calibration)."""
+    if not setup.groups:
+        return setup, keys
+    sub = group_setup(setup, layout.class_group[index])
+    return sub, pricing_keys(sub, cache)
 
 
 # ParallelPlan fields a chunk's price does not depend on (they shape stages, links and the
@@ -108,11 +137,16 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     the model and cluster ids they are built from); between them they name every setup field."""
     plan, job = setup.plan, setup.job
     ids = cache.spec_ids(setup.model, setup.cluster)
+    if setup.groups:  # a heterogeneous cluster: every group's cluster and slowdown, every stage's group
+        hetero = cache.intern((
+            "groups", tuple((cache.cluster_id(g.cluster), g.overlap_slowdown) for g in setup.groups), setup.stage_group,
+        ))
+        ids = ids._replace(cluster=hetero, gpu=hetero)
     chunk_context = cache.intern((
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
         setup.overlap_slowdown, _chunk_plan_values(plan), plan.pp if plan.vocab_parallel else 0,
         setup.main_grad_accumulation, setup.grad_reduce_dtype,
-        setup.fp8_recipe,
+        setup.fp8_recipe, setup.fp8_bf16_edge_layers,
     ))
     setup_context = cache.intern(
         ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
@@ -151,12 +185,15 @@ class StageLayout(NamedTuple):
     memory_first_stage: tuple[int, ...]  # per memory kind: its first stage
     p2p_bandwidth_Bps: tuple[float, ...]  # p2p_links: stage i -> (i + 1) % pp
     p2p_latency_s: tuple[float, ...]
+    class_group: tuple[int, ...] = ()  # per class: its group of a heterogeneous cluster (0 otherwise)
 
 
 def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | None = None) -> StageLayout:
     """The plan's stage classes, memoized on the few inputs they depend on (``keys``:
     ``pricing_keys(setup, cache)`` when the caller has them)."""
     model, plan = setup.model, setup.plan
+    if keys is None and setup.groups:
+        keys = pricing_keys(setup, cache)
     cluster_id = keys.cluster if keys is not None else cache.cluster_id(setup.cluster)
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
@@ -174,12 +211,14 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
     starts = [sum(counts[:c]) for c in range(len(counts))]
     num_chunks = len(counts)
     classes: dict[tuple[Any, ...], int] = {}
-    signatures, links_list, links_keys, chunk_ranges, stage_class = [], [], [], [], []
+    signatures, links_list, links_keys, chunk_ranges, stage_class, class_group = [], [], [], [], [], []
     for stage, signature in enumerate(stage_signatures(setup)):
         links = group_links(setup, stage, cache)
         links_key = tuple(cache.links_id(links[axis]) for axis in GROUP_AXES)
-        index = classes.setdefault((signature, links_key), len(classes))
+        group = setup.stage_group[stage] if setup.groups else 0
+        index = classes.setdefault((signature, links_key, group), len(classes))
         if index == len(signatures):
+            class_group.append(group)
             signatures.append(signature)
             links_list.append(links)
             links_keys.append(links_key)
@@ -203,6 +242,7 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
         memory_first_stage=tuple(memory_class.index(k) for k in range(len(memory_kinds))),
         p2p_bandwidth_Bps=bandwidth,
         p2p_latency_s=latency,
+        class_group=tuple(class_group),
     )
 
 
@@ -252,13 +292,18 @@ class ClassChunks(NamedTuple):
 
 def _class_chunks(setup: TrainingSetup, layout: StageLayout, chunk_context: int, cache: PricingCache) -> ClassChunks:
     """Every class's chunks (memoized per chunk context, links and chunk signatures) and the FLOP sums."""
+    if setup.groups:  # each class priced on its own group's GPU, under that group's chunk context
+        priced_with = [class_setup(setup, layout, index, None, cache) for index in range(len(layout.signatures))]
+        contexts = [(sub, sub_keys.chunk) for sub, sub_keys in priced_with]
+    else:
+        contexts = [(setup, chunk_context)] * len(layout.signatures)
     per_class = tuple(
         cache.memo(
             "stage_chunks",
-            (chunk_context, layout.links_keys[index], layout.signatures[index]),
-            lambda: _chunks_of_class(setup, layout, index, chunk_context, cache),
+            (context, layout.links_keys[index], layout.signatures[index]),
+            lambda: _chunks_of_class(sub, layout, index, context, cache),
         )
-        for index in range(len(layout.signatures))
+        for index, (sub, context) in enumerate(contexts)
     )
     flops = recompute_flops = 0.0
     for index in layout.stage_class:
@@ -272,12 +317,13 @@ def _class_chunks(setup: TrainingSetup, layout: StageLayout, chunk_context: int,
 
 
 def _class_data_parallel(
-    setup: TrainingSetup, layout: StageLayout, keys: PricingKeys, cache: PricingCache
+    base: TrainingSetup, layout: StageLayout, base_keys: PricingKeys, cache: PricingCache
 ) -> tuple[DataParallelTimes, ...]:
     """Per class: its data-parallel work (memoized per data-parallel context, links and parameter count)."""
-    plan = setup.plan
+    plan = base.plan
     out = []
-    for signature, links, links_key in zip(layout.signatures, layout.links, layout.links_keys):
+    for index, (signature, links, links_key) in enumerate(zip(layout.signatures, layout.links, layout.links_keys)):
+        setup, keys = class_setup(base, layout, index, base_keys, cache)
         params = cache.memo(
             "parameters",
             (keys.model, plan.tp, plan.ep, plan.pp if plan.vocab_parallel else plan.pp > 1, signature),
@@ -365,13 +411,8 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
     plan, model = setup.plan, setup.model
     priced = build_iteration_classes(setup, cache)
     setup_context = priced.keys.setup
-    capacity = setup.cluster.gpu.hbm_capacity_bytes
-    flash = setup.attention_kernel == "flash"
-    memory = cache.memo(
-        "memory",
-        (setup_context, capacity, flash),
-        lambda: memory_per_stage(model, plan, setup.job, capacity_bytes=capacity, flash_attention=flash),
-    )
+    flash = setup.fused_attention
+    memory = cache.memo("memory", (setup_context, flash), lambda: setup_memory(setup))
     stages = []
     classes = priced.classes
     for stage, index in enumerate(priced.layout.stage_class):

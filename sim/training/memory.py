@@ -9,8 +9,14 @@ Conventions (each cited where it is used below):
   6 + 12/d. ZeRO 2 also shards gradients; ZeRO 3 (FSDP) shards weights too.
 * fp8 training keeps the bf16 weights and adds an fp8 copy of every transformer-layer matmul weight
   and its transpose (1 + 1 bytes/parameter; Transformer Engine caches both layouts for the forward
-  and the data-gradient GEMMs on Hopper). Activations stay 16-bit (conservative: TE may store fp8
+  and the data-gradient GEMMs on Hopper). With fp8 primary weights (``job.fp8_params``: TE
+  fp8_model_init, Megatron --fp8-param-gather) the matmul weights are the fp8 tensor and its
+  transpose only, with no 16-bit copy. Activations stay 16-bit (conservative: TE may store fp8
   casts of some GEMM inputs).
+* The main gradients live in the data-parallel gradient buffer (Megatron-Core DDP: fp32 when
+  grad_reduce_in_fp32, else the parameter dtype; gradient_accumulation_fusion makes main_grad a view
+  of it), so a bf16 reduction keeps 2 bytes/parameter. 16-bit fp16 gradients still count 4: the fp16
+  optimizer copies them into fp32 main gradients (Megatron Float16OptimizerWithFloat16Params).
 * Data-parallel sharding runs over dp x cp (Megatron shards the distributed optimizer over the
   data-parallel group with context parallel); expert parameters over dp x cp / ep. Experts use the
   plan's tp as expert tensor parallelism (Megatron-Core's default when no separate ETP is given).
@@ -41,6 +47,7 @@ from workloads.plan import ParallelPlan, TrainingJob
 WEIGHT_BYTES = 2.0  # bf16/fp16 model weights
 FP8_WEIGHT_CACHE_BYTES = 2.0  # fp8 weight + fp8 transpose per matmul parameter (see module docstring)
 MAIN_GRAD_BYTES = 4.0  # fp32 main gradients (Megatron accumulate_allreduce_grads_in_fp32, formulas.md 4.3)
+BF16_MAIN_GRAD_BYTES = 2.0  # bf16 gradient buffer (Megatron-Core grad_reduce_in_fp32 = False, NeMo grad_sync_dtype bf16)
 ADAM_STATE_BYTES = 12.0  # fp32 master weight + m + v (ZeRO arXiv 1910.02054 §3.1; formulas.md 4.3)
 SGD_STATE_BYTES = 4.0  # fp32 master weight only: plain SGD keeps no m, v
 # NCCL communicator buffers: aiconfigurator system YAMLs reserve 342-392 MB for TP 2-8 (formulas.md,
@@ -54,6 +61,21 @@ CUBLAS_WORKSPACE_BYTES = 32 * MiB
 RUNTIME_RESERVE_BYTES = 3.5 * GB
 
 DEFAULT_GPUS_PER_NODE = 8  # DGX/HGX nodes; HSDP shards inside a node of this many GPUs
+
+
+def main_grad_bytes(job: TrainingJob) -> float:
+    """Bytes per parameter of the main gradients (see the module docstring)."""
+    return BF16_MAIN_GRAD_BYTES if job.grad_reduce_dtype == "bf16" else MAIN_GRAD_BYTES
+
+
+def weight_bytes_per_rank(job: TrainingJob, params: float, matmul: float) -> float:
+    """16-bit weights of ``params`` parameters, ``matmul`` of them matmul weights, with fp8's caches:
+    an fp8 copy and its transpose beside the 16-bit weight, or (fp8 primary weights) instead of it."""
+    if job.precision != "fp8":
+        return WEIGHT_BYTES * params
+    if job.fp8_params:
+        return WEIGHT_BYTES * (params - matmul) + FP8_WEIGHT_CACHE_BYTES * matmul
+    return WEIGHT_BYTES * params + FP8_WEIGHT_CACHE_BYTES * matmul
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -333,7 +355,7 @@ def stage_memory_class(
     job.num_microbatches(plan.dp)  # raises InvalidPlanError when global_batch does not divide
 
     # model-state bytes per rank before sharding
-    weight_bytes = WEIGHT_BYTES * (dense + expert) + (FP8_WEIGHT_CACHE_BYTES * matmul if job.precision == "fp8" else 0.0)
+    weight_bytes = weight_bytes_per_rank(job, dense + expert, matmul)
     state_per_param = ADAM_STATE_BYTES if job.optimizer == "adam" else SGD_STATE_BYTES
     dense_shard, expert_shard = shard_degrees(plan, gpus_per_node)
 
@@ -341,12 +363,13 @@ def stage_memory_class(
     # fraction of this rank's parameters it keeps when sharded over the data-parallel groups
     shard_fraction = (dense / dense_shard + expert / expert_shard) / params if params else 1.0
     weights = weight_bytes * (shard_fraction if plan.zero == 3 else 1.0)
-    gradients = MAIN_GRAD_BYTES * params * (shard_fraction if plan.zero >= 2 else 1.0)
+    grad_bytes = main_grad_bytes(job)
+    gradients = grad_bytes * params * (shard_fraction if plan.zero >= 2 else 1.0)
     optimizer = state_per_param * params * (shard_fraction if plan.zero >= 1 else 1.0)
 
     # one layer gathered in full (weights + its unsharded gradient) while it runs: ZeRO-3 / parameter
     # offload (DeepSpeed estimate_zero3_model_states_mem_needs: 4 x largest layer params in fp16)
-    gathered_layer = (WEIGHT_BYTES + MAIN_GRAD_BYTES) * largest_layer
+    gathered_layer = (WEIGHT_BYTES + grad_bytes) * largest_layer
     working_buffer = gathered_layer if plan.zero == 3 else 0.0
 
     # offload (ZeRO-Offload arXiv 2101.06840: optimizer states and fp32 gradients on the CPU;

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 import simpy
 
-from sim.training.schedules import Program, amortises_gathers, schedule_program
+from sim.training.schedules import Program, amortises_gathers, schedule_program, tiles_iterations
 from sim.training.work import PipelineWork
 
 _AXES_IN_CHUNKS = ("tp", "cp", "ep")
@@ -298,6 +298,7 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     streams = [_DpStream(work.overlap_slowdown) for _ in range(pp)]
     busy = [0.0] * pp
     compute_end = [0.0] * pp
+    compute_start = [0.0] * pp  # start of each stage's first compute op
     slow_extra = [0.0] * pp
     gather_waits = [0.0] * pp
     acc_pp_end = [0.0] * pp
@@ -329,6 +330,7 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         held = peak_held = 0
         busy_s = nominal_s = 0.0
         acc_prev = free_t = 0.0
+        started = False
         for kind, mb, chunk, duration, b_share, dep, send, plan, g_wait, g_issue, g_after in compiled[s]:
             start = free_t
             acc = acc_prev
@@ -350,6 +352,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
             if g_issue is not None:
                 gw = gathers[g_issue[2]]
                 gather_done[g_issue] = dp_kernel(s, start, gw.duration_s, _gather_label(g_issue), gw.axis)
+            if not started:
+                compute_start[s], started = start, True
             if plan is None:
                 end = advance(start, duration)
             else:
@@ -429,16 +433,22 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         stage_end.append(opt_start + work.stages[s].optimizer_s)
         if trace and work.stages[s].optimizer_s > 0.0:
             events.append(TraceEvent(s, "compute", "optimizer", opt_start, stage_end[s], {"kind": "optimizer"}))
-    iteration = max(stage_end)
-    critical = stage_end.index(iteration)
     pipeline_time = max(compute_end)
+    # Post-validation (``tiles_iterations``): no barrier between iterations, each stage starts its next
+    # one when its own optimizer step ends, so the iteration lasts its longest stage span (the next
+    # iteration's program shifted by that much meets every dependency); the bubble is measured over it
+    offset = compute_start if tiles_iterations(work.schedule) else [0.0] * pp
+    spans = [stage_end[s] - offset[s] for s in range(pp)]
+    iteration = max(spans)
+    critical = spans.index(iteration)
+    phase = max(compute_end[s] - offset[s] for s in range(pp))
     # idle compute that the schedule causes; waits on FSDP parameter gathers count as exposed dp instead
     bubble = (
-        max(0.0, sum((pipeline_time - b - w) / pipeline_time for b, w in zip(busy, gather_waits)) / pp)
-        if pipeline_time > 0.0
+        max(0.0, sum((phase - b - w) / phase for b, w in zip(busy, gather_waits)) / pp)
+        if phase > 0.0
         else 0.0
     )  # clamped: with no idle time the sum of float differences can round to -1e-17
-    no_dp_end = max(compute_end[s] + work.stages[s].optimizer_s for s in range(pp))
+    no_dp_end = max(compute_end[s] + work.stages[s].optimizer_s - offset[s] for s in range(pp))
     exposed = {axis: 0.0 for axis in (*_AXES_IN_CHUNKS, "dp", "pp")}
     for chunk in work.stages[critical].chunks:
         for axis in _AXES_IN_CHUNKS:

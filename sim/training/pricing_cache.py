@@ -10,7 +10,8 @@ small integers so repeated lookups do not rehash nested dataclasses.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, NamedTuple, Sequence
+import dataclasses
+from typing import Any, Callable, Hashable, Mapping, NamedTuple, Sequence
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import GpuSpec
@@ -22,29 +23,17 @@ DEFAULT_MAX_ENTRIES = 1 << 16
 
 
 def gpu_fingerprint(gpu: GpuSpec) -> tuple[Any, ...]:
-    """Every field of ``gpu`` in a hashable tuple (the peak mapping as sorted items)."""
-    return (
-        gpu.name,
-        gpu.vendor,
-        tuple(sorted(gpu.peak_flops_per_s.items())),
-        gpu.hbm_capacity_bytes,
-        gpu.hbm_bandwidth_Bps,
-        gpu.memory_type,
-        gpu.sm_count,
-        gpu.boost_clock_Hz,
-        gpu.l2_cache_bytes,
-        gpu.nvlink_bandwidth_Bps,
-        gpu.pcie_generation,
-        gpu.pcie_lanes,
-        gpu.tdp_W,
-        gpu.default_node,
-        gpu.efficiency,
-        gpu.source,
-        gpu.price_per_hour_usd,
-        gpu.price_source,
-        gpu.notes,
-        gpu.calibration,  # identity-hashed: one object per profile file
-    )
+    """Every field of ``gpu`` in a hashable tuple (mappings as sorted items; the calibration profile
+    by identity, one object per profile file). Built from the dataclass fields, so a field added to
+    ``GpuSpec`` (``l2_bandwidth_Bps``, ``architecture`` were once missing here) can never be left out
+    of the key and two GPUs differing only in it can never share cached prices."""
+    return tuple(_hashable(getattr(gpu, f.name)) for f in dataclasses.fields(gpu))
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted(value.items()))
+    return value
 
 
 class SpecIds(NamedTuple):

@@ -19,7 +19,8 @@ from sim.training.config import TrainingSetup, parse_training
 from sim.training.goodput import goodput_metrics
 from sim.training.costs import attention_sequences, group_links, layer_passes
 from sim.training.iteration import IterationWork, build_iteration
-from sim.training.memory import MemoryBreakdown, memory_per_stage
+from sim.training.hetero import describe, peak_flops_per_s, setup_memory, stage_setup
+from sim.training.memory import MemoryBreakdown
 from workloads.graph import op_graph
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
@@ -41,7 +42,7 @@ def model_flops_per_iteration(setup: TrainingSetup) -> float:
         qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
     else:
         qk = v = model.head_dim
-    if setup.attention_kernel != "flash":
+    if not setup.fused_attention:
         causal = False  # the unfused kernels compute every score of each (query, key) pair, then mask
     per_microbatch_rank = cost.attention_flops(sequences, heads=model.heads, head_dim=qk, causal=causal, v_head_dim=v)
     attention = model.layers * per_microbatch_rank * plan.cp * (job.global_batch / job.micro_batch)
@@ -78,6 +79,11 @@ def training_metrics(
     peak = setup.cluster.gpu.peak(job.precision)
     worst = max(memory, key=_TOTAL_BYTES)
     exposed = estimate.exposed_comm_s
+    fits, shortfall = worst.fits_in_memory, worst.shortfall_bytes
+    if setup.groups:  # every stage against its own GPU's capacity and peak
+        fits = all(b.fits_in_memory for b in memory)
+        shortfall = max(b.shortfall_bytes for b in memory)
+        peak = peak_flops_per_s(setup, job.precision) / gpus
     return {
         "iteration_time_s": seconds,
         "tokens_per_s": tokens / seconds,
@@ -96,8 +102,8 @@ def training_metrics(
             "activations": worst.activations_bytes,
             "other": worst.other_bytes,
         },
-        "fits_in_memory": worst.fits_in_memory,
-        "memory_shortfall_bytes": worst.shortfall_bytes,
+        "fits_in_memory": fits,
+        "memory_shortfall_bytes": shortfall,
         "offloaded_bytes": {"cpu": worst.cpu_offload_bytes, "nvme": worst.nvme_offload_bytes},
         "num_microbatches": setup.num_microbatches,
         "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
@@ -170,8 +176,10 @@ class TrainingResult:
         ]
         tag = "" if fits else "  (if it fitted)"
         lines = header + [
-            f"model {setup.model.name} on {setup.cluster.num_gpus} x {setup.cluster.gpu.name} "
-            f"({setup.cluster.node.name}, {setup.cluster.network.name})",
+            (f"model {setup.model.name} on {describe(setup)}, {setup.cluster.network.name}, stage groups "
+             f"{list(setup.stage_group)}" if setup.groups else
+             f"model {setup.model.name} on {setup.cluster.num_gpus} x {setup.cluster.gpu.name} "
+             f"({setup.cluster.node.name}, {setup.cluster.network.name})"),
             f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}  zero {plan.zero}  "
             f"schedule {plan.schedule}{f' (v={plan.virtual_stages})' if plan.virtual_stages > 1 else ''}  "
             f"recompute {plan.recompute}"
@@ -182,7 +190,7 @@ class TrainingResult:
             f"tokens/s              {m['tokens_per_s']:,.0f}  ({m['tokens_per_s_per_gpu']:,.1f} per GPU){tag}",
             f"model TFLOP/s per GPU {m['model_flops_per_s_per_gpu'] / units.TFLOPS:.1f}{tag}",
             f"MFU / HFU             {m['mfu']:.1%} / {m['hfu']:.1%}  "
-            f"(of the {setup.job.precision} dense peak, {setup.cluster.gpu.peak(setup.job.precision) / units.TFLOPS:,.0f} TFLOP/s){tag}",
+            f"(of the {setup.job.precision} dense peak, {peak_flops_per_s(setup, setup.job.precision) / setup.cluster.num_gpus / units.TFLOPS:,.0f} TFLOP/s{' per GPU on average' if setup.groups else ''}){tag}",
             f"bubble fraction       {m['bubble_fraction']:.1%}",
             "exposed comm (s)      " + "  ".join(f"{a} {m['exposed_communication_s'][a]:.4f}" for a in AXES),
             *_goodput_lines(m),
@@ -222,12 +230,15 @@ class TrainingResult:
                     "fits_in_memory": breakdown.fits_in_memory,
                 }
             )
+            if self.setup.groups:  # a heterogeneous cluster: the stage's group and GPU
+                rows[-1]["group"] = self.setup.stage_group[stage.stage]
+                rows[-1]["gpu"] = stage_setup(self.setup, stage.stage)[0].cluster.gpu.name
         return pd.DataFrame(rows)
 
     def op_frame(self) -> pd.DataFrame:
         """Every op of one layer (dense and, for MoE models, MoE) with its pass, seconds and FLOPs."""
-        setup = self.setup
-        links = group_links(setup, 0)
+        links = group_links(self.setup, 0)
+        setup, _ = stage_setup(self.setup, 0)  # a heterogeneous cluster: stage 0's group
         kinds = [False] + ([True] if setup.model.is_moe else [])
         rows = []
         for moe in kinds:
@@ -281,11 +292,7 @@ def simulate_training(config: Mapping[str, Any], options: RunOptions) -> Trainin
     """Run one training iteration at the requested fidelity."""
     setup = parse_training(config, options.config_dir)
     work = build_iteration(setup)
-    memory = memory_per_stage(
-        setup.model, setup.plan, setup.job,
-        capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes,
-        flash_attention=setup.attention_kernel == "flash",
-    )
+    memory = setup_memory(setup)
     if options.fidelity == "analytic":
         if options.trace:
             raise ConfigError("--trace needs the DES fidelity (--fidelity des)")

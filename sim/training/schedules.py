@@ -47,6 +47,15 @@ SCHEDULES: tuple[str, ...] = (
 FILE_PREFIX = "file:"  # schedule = "file:PATH": a program from a JSON file
 V_SHAPES = ("zb-v", "v-half", "v-min")  # two chunks per stage in a V (Qi et al. 2024, arXiv 2405.15362)
 _SPLIT = ("zb-h1", "zb-h2") + V_SHAPES
+# Schedules whose iterations tile without a barrier between them. Pipeline training usually
+# all-reduces over all stages before the optimizer step (global gradient norm for clipping, the
+# INF/NaN check of mixed precision), which makes every iteration start from an empty pipeline; ZB-H2
+# replaces it with post-validation: each stage steps its optimizer at once and rolls back in the rare
+# case the later global check fails (Qi et al. ICLR'24, arXiv 2401.10241, Sec. 4; sail-sg/zero-bubble-
+# pipeline-parallelism, "Optimizer Post Validation"). Its program is a parallelogram (every stage
+# busy from its first op to its last on uniform stages), so consecutive iterations interlock and the
+# iteration time is the steady-state period: the longest stage span, first op to optimizer end.
+POST_VALIDATION = ("zb-h2",)
 OpKind = Literal["F", "B", "W"]
 
 
@@ -209,6 +218,12 @@ def splits_backward(schedule: str) -> bool:
     if is_file_schedule(schedule):
         return bool(_load_file(schedule[len(FILE_PREFIX):])["split_backward"])
     return schedule in _SPLIT
+
+
+def tiles_iterations(schedule: str) -> bool:
+    """Whether consecutive iterations of ``schedule`` overlap (``POST_VALIDATION``): the iteration
+    time is then the longest stage span (each stage's first op to its optimizer step's end)."""
+    return schedule in POST_VALIDATION
 
 
 def amortises_gathers(schedule: str) -> bool:
@@ -598,7 +613,10 @@ def _occupancy(ops: np.ndarray, local_to_global: np.ndarray, chunks: int) -> tup
     return tuple(int(x) for x in peak), max(0, int(last_held.max(initial=0)))
 
 
-Execution = tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int]
+# (per stage the Pareto-maximal op counts of the paths to its last op's end, peak held
+# chunk-activations per stage, peak micro-batches held by the last chunk, per stage the same counts
+# of the paths to the start of its first op)
+Execution = tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int, tuple[tuple[Vector, ...], ...]]
 
 
 def _execute(program: Program) -> Execution:
@@ -606,7 +624,8 @@ def _execute(program: Program) -> Execution:
     chunk's B, or its fused B+W) on uniform stages, tracking for every op the longest path ending at
     it at each of the ``_WEIGHTS`` op-time ratios. Returns (per stage, the Pareto-maximal (F, B, W) op
     counts of those paths to the stage's last op, peak held chunk-activations per stage, peak
-    micro-batches held by the last chunk). Raises ``InvalidPlanError`` on a deadlock."""
+    micro-batches held by the last chunk, per stage the same counts of the paths to the start of its
+    first op). Raises ``InvalidPlanError`` on a deadlock."""
     return _execute_all([program])[0]
 
 
@@ -664,6 +683,7 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
     ends[zero_slot] = -1
     steps = np.stack([_F_STEP, _B_STEP[False], _W_STEP, _B_STEP[True]]).astype(np.int32)
     last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)
+    starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)  # the path to each lane's first op's start
     pointer = np.zeros(lane_count, dtype=np.int64)
     t = 0
     while True:
@@ -687,6 +707,9 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
                 )
             active, op, waits = active[ready], op[ready], waits[ready]
         own, other = last[active], paths[waits]
+        beginning = pointer[active] == 0
+        if beginning.any():
+            starts[active[beginning]] = other[beginning]
         longer = np.where((own[:, :, 0] >= other[:, :, 0])[:, :, None], own, other) + steps[kind[op]]
         last[active] = longer
         slot = out_slot[op]
@@ -700,7 +723,10 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
         stage_ends = tuple(
             _pareto(tuple(tuple(int(x) for x in row[1:]) for row in stage)) for stage in last[start : start + program.pp]
         )
-        out.append((stage_ends, peak, last_peak))
+        stage_starts = tuple(
+            _pareto(tuple(tuple(int(x) for x in row[1:]) for row in stage)) for stage in starts[start : start + program.pp]
+        )
+        out.append((stage_ends, peak, last_peak, stage_starts))
         start += program.pp
     return out
 
@@ -716,6 +742,8 @@ class ProgramProfile:
     critical_paths: tuple[Vector, ...]
     # per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)
     stage_paths: tuple[tuple[Vector, ...], ...]
+    # per stage, the same for the paths to the start of its first op (when it can begin on uniform stages)
+    stage_start_paths: tuple[tuple[Vector, ...], ...]
     peak_held_chunks: tuple[int, ...]  # per stage, most (micro-batch, chunk) activations held at once
     last_chunk_inflight: int  # most micro-batches whose last-chunk forward has run and backward not
     p2p_boundaries: tuple[int, ...]  # link index of every model-order chunk transition between stages
@@ -831,7 +859,7 @@ def prepare_program_profiles(keys: Any) -> None:
 
 
 def _profile(program: Program, execution: Execution) -> ProgramProfile:
-    stage_paths, peak, last_peak = execution
+    stage_paths, peak, last_peak, start_paths = execution
     pp, virtual_stages = program.pp, program.chunks_per_stage
     paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
@@ -843,7 +871,7 @@ def _profile(program: Program, execution: Execution) -> ProgramProfile:
             boundaries.append(min(a, b))
     return ProgramProfile(
         chunks_per_stage=virtual_stages, split_backward=program.split_backward, critical_paths=paths,
-        stage_paths=stage_paths,
+        stage_paths=stage_paths, stage_start_paths=start_paths,
         peak_held_chunks=peak, last_chunk_inflight=last_peak, p2p_boundaries=tuple(boundaries),
     )
 

@@ -230,3 +230,31 @@ def test_small_copies_are_launch_bound() -> None:
     assert rates[-1] < gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
     with pytest.raises(ValueError, match="bytes_moved"):
         cost.memory_op_time_s(gpu, -1)
+
+
+def test_fp8_gemm_runs_at_the_measured_fp8_fraction() -> None:
+    # ml-engineering fp8 MAMF: 1,402.6 of 1,979 TFLOP/s on H100 SXM at 1024x9216x14336 (the best shape)
+    gpu = get_gpu("h100-sxm-80gb")
+    assert gpu.efficiency.gemm_fp8 == pytest.approx(1402.6 / 1979, abs=5e-4)
+    m, n, k = 1024, 9216, 14336
+    t = cost.gemm_time_s(gpu, m, n, k, precision="fp8", bytes_per_element=1)
+    achieved = 2.0 * m * n * k / t
+    assert achieved <= 1402.6e12 * 1.001
+    assert achieved == pytest.approx(1402.6e12, rel=0.05)
+    bf16 = 2.0 * m * n * k / cost.gemm_time_s(gpu, m, n, k, precision="bf16", bytes_per_element=2)
+    assert achieved / bf16 == pytest.approx(1979 * 0.709 / (989 * 0.803), rel=0.01)  # 1.77x, not 2x
+    # without an fp8 measurement the bf16 fraction applies
+    assert get_gpu("a100-sxm-80gb").efficiency.gemm_fraction("fp8") == get_gpu("a100-sxm-80gb").efficiency.gemm
+
+
+def test_flash1_class_kernel_runs_at_its_measured_fraction_of_fa2() -> None:
+    gpu = get_gpu("a100-sxm-80gb")
+    args = dict(heads=32, kv_heads=32, head_dim=128, precision="bf16", bytes_per_element=2)
+    seqs = [(16384, 16384)]
+    fa2 = cost.attention_time_s(gpu, seqs, **args) - cost.launch_overhead_s(gpu)
+    fa1 = cost.attention_time_s(gpu, seqs, kernel_rate=cost.ATTENTION_FA1_RATE, **args) - cost.launch_overhead_s(gpu)
+    assert fa1 / fa2 == pytest.approx(1 / 0.53, rel=1e-9)  # compute-bound at 16k: the rate alone
+    # the published A100 causal hd128 16k bars: FA1 83, FA2 189 TFLOP/s -> 0.44; the constant is the mean ratio
+    assert 0.41 <= cost.ATTENTION_FA1_RATE <= 0.74
+    with pytest.raises(ValueError, match="kernel_rate"):
+        cost.attention_time_s(gpu, seqs, kernel_rate=0.0, **args)

@@ -230,6 +230,11 @@ def test_node_invariants(name: str) -> None:
     if node.nvls:
         assert node.intra_node_fabric == "nvswitch"
     assert node.intra_node_bandwidth_Bps > 0 and node.intra_node_latency_s > 0
+    # GPUs sharing one host link: a whole number of switches per node (one GPU: its own link)
+    assert 1 <= node.gpus_per_pcie_switch <= node.gpus_per_node
+    assert node.gpus_per_node % node.gpus_per_pcie_switch == 0
+    if node.gpus_per_node == 1:
+        assert node.gpus_per_pcie_switch == 1
     # Each local GPU is served by exactly one NIC.
     assert len(node.nics.gpu_affinity) == node.nics.count
     served = sorted(g for group in node.nics.gpu_affinity for g in group)
@@ -366,3 +371,11 @@ def test_cli_lists_nodes_and_networks(kind: str, required: set[str], capsys: pyt
     assert main(["catalog", kind]) == 0  # the table form renders every entry
     table = capsys.readouterr().out
     assert all(name in table for name in required)
+
+
+def test_pcie_switch_sharing_from_the_system_topologies() -> None:
+    """DGX A100 / DGX H100: four PCIe switches, two GPUs each (system topology documents); GB200's
+    host link figure is already per GPU (its Grace's C2C shared by two GPUs)."""
+    assert CATALOG.nodes["dgx-a100"].gpus_per_pcie_switch == 2
+    assert CATALOG.nodes["dgx-h100"].gpus_per_pcie_switch == 2
+    assert CATALOG.nodes["gb200-nvl72"].gpus_per_pcie_switch == 1

@@ -42,7 +42,7 @@ def _brute_force(data: StageAssignmentInput) -> float | None:
     best = None
     for split in _splits(data.layers, data.chunks):
         times, memory = stage_times_and_bytes(data, *_dense_moe(split, data.dense_layers))
-        if max(m - data.capacity_bytes for m in memory) <= 0 and (best is None or max(times) < best):
+        if max(m - data.capacity(st) for st, m in enumerate(memory)) <= 0 and (best is None or max(times) < best):
             best = max(times)
     return best
 
@@ -69,6 +69,9 @@ def _instance(**overrides) -> StageAssignmentInput:
         {"capacity_bytes": 18 * GiB},  # memory pushes layers off stage 0
         {"pp": 2, "virtual_stages": 2, "static_bytes": (10 * GiB, 12 * GiB),
          "dense_layer_bytes": (2 * GiB, 1 * GiB), "moe_layer_bytes": (3 * GiB, 2 * GiB)},  # interleaved chunks
+        # a heterogeneous cluster: stages 2 and 3 on a GPU 2.5x faster, stage 3's with less memory
+        {"dense_layer_s_per_stage": (1.0, 1.0, 0.4, 0.4), "moe_layer_s_per_stage": (1.6, 1.6, 0.64, 0.64),
+         "capacity_bytes_per_stage": (22 * GiB, 22 * GiB, 40 * GiB, 20 * GiB), "dense_layers": 5},
     ],
 )
 def test_assign_layers_matches_brute_force(solver, overrides) -> None:
@@ -77,7 +80,7 @@ def test_assign_layers_matches_brute_force(solver, overrides) -> None:
     result = assign_layers(data, solver=solver)
     assert result.slowest_stage_s == pytest.approx(expected, abs=1e-9)
     assert sum(result.layers_per_chunk) == data.layers and min(result.layers_per_chunk) >= 1
-    assert max(result.stage_bytes) <= data.capacity_bytes
+    assert all(b <= data.capacity(st) for st, b in enumerate(result.stage_bytes))
     # contiguity: the dense layers are exactly the first ones
     assert _dense_moe(result.layers_per_chunk, data.dense_layers)[0] == result.dense_per_chunk
 
@@ -88,6 +91,14 @@ def test_uneven_split_beats_even_with_an_expensive_head() -> None:
     result = assign_layers(data)
     assert result.slowest_stage_s < max(even_times)
     assert result.layers_per_chunk[-1] < 3
+
+
+def test_faster_stages_get_more_layers() -> None:
+    """Per-stage layer seconds (stages on GPUs of different speeds): the split follows the speeds."""
+    data = _instance(capacity_bytes=1e15, first_s=0.0, last_s=0.0, dense_layer_s_per_stage=(1.0, 1.0, 0.5, 0.5))
+    result = assign_layers(data)
+    assert result.layers_per_chunk == (2, 2, 4, 4)
+    assert result.slowest_stage_s == pytest.approx(2.0)
 
 
 def test_assign_layers_infeasible_names_the_constraint() -> None:

@@ -18,7 +18,8 @@ from sim.training.data_parallel import grad_sync_work
 from sim.training.costs import group_links
 from sim.training.run import simulate_training
 
-TRAINING_STACKS = {"megatron-2021", "deepspeed-zero-2021", "megatron-core", "torchtitan", "llm-foundry"}
+TRAINING_STACKS = {"megatron-2021", "deepspeed-zero-2021", "megatron-core", "torchtitan", "llm-foundry", "nemo",
+                   "megatron-bridge"}
 SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "fastertransformer"}
 
 
@@ -214,3 +215,76 @@ def test_kv_cache_memory_rule_of_the_stack() -> None:
 
     assert parse_serving({"framework": "trtllm"}).kv_cache_memory == "free_fraction"
     assert parse_serving({}).kv_cache_memory == "total_fraction"
+
+
+def _h100_fp8(**training) -> dict:
+    return {
+        "model": {"name": "llama3-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1, "precision": "fp8", **training},
+        "parallel": {"tp": 1, "pp": 1, "zero": 1},
+    }
+
+
+def _stage0(config: dict):  # type: ignore[no-untyped-def]
+    from sim.training.memory import memory_per_stage
+
+    setup = parse_training(config)
+    return setup, memory_per_stage(setup.model, setup.plan, setup.job,
+                                   capacity_bytes=setup.cluster.gpu.hbm_capacity_bytes)[0]
+
+
+def test_bf16_gradient_reduction_keeps_2_byte_main_grads() -> None:
+    # Megatron-Core DDP: the grad buffer is fp32 only with grad_reduce_in_fp32; main_grad is a view of it
+    setup, fp32 = _stage0(_h100_fp8(grad_reduce_dtype="fp32"))
+    _, bf16 = _stage0(_h100_fp8(grad_reduce_dtype="bf16"))
+    params = setup.model.total_parameters()
+    assert fp32.gradients_bytes == pytest.approx(4 * params, rel=1e-6)
+    assert bf16.gradients_bytes == pytest.approx(2 * params, rel=1e-6)
+    _, fp16 = _stage0({**_config(), "training": {**_config()["training"], "grad_reduce_dtype": "auto"}})
+    assert fp16.gradients_bytes == pytest.approx(4 * parse_training(_config()).model.total_parameters(), rel=1e-6)
+
+
+def test_fp8_primary_weights_drop_the_16_bit_copy_of_matmul_weights() -> None:
+    setup, cached = _stage0(_h100_fp8(fp8_params=False))
+    _, primary = _stage0(_h100_fp8(fp8_params=True))
+    model = setup.model
+    matmul = model.layers * (model.attention_parameters() + model.mlp_parameters(model.ffn_hidden))
+    assert cached.weights_bytes - primary.weights_bytes == pytest.approx(2 * matmul, rel=1e-9)
+    assert primary.weights_bytes == pytest.approx(2 * model.total_parameters(), rel=1e-9)  # fp8 + transpose = 2 B
+    assert parse_training(_h100_fp8(framework="megatron-bridge")).job.fp8_params
+    assert not parse_training(_h100_fp8(framework="megatron-bridge", precision="bf16")).job.fp8_params
+
+
+def test_llm_foundry_runs_an_fa1_class_attention_kernel() -> None:
+    from hardware.cost import ATTENTION_FA1_RATE
+
+    setup = parse_training({**_config(framework="llm-foundry", precision="bf16"), "parallel": {"tp": 1, "pp": 1, "zero": 3}})
+    assert setup.attention_kernel == "flash1" and setup.fused_attention
+    forward, backward, _ = layer_passes(setup, moe=False)
+    attention = [op for op in forward + backward if op.kind == "attention"]
+    assert len(attention) == 2 and all(op.kernel_rate == ATTENTION_FA1_RATE for op in attention)
+    fa2 = parse_training({**_config(framework="llm-foundry", precision="bf16", attention_kernel="flash"),
+                          "parallel": {"tp": 1, "pp": 1, "zero": 3}})
+    assert all(op.kernel_rate == 1.0 for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
+
+
+def test_fp8_bf16_edge_layers_run_16_bit_gemms() -> None:
+    # Megatron-Bridge FP8-CS keeps the first and the last transformer layer in bf16
+    base = _h100_fp8(framework="megatron-bridge")
+    setup = parse_training(base)
+    assert setup.fp8_bf16_edge_layers == 1
+    assert [layer for layer in range(setup.model.layers) if setup.bf16_layer(layer)] == [0, setup.model.layers - 1]
+    fp8 = layer_passes(setup, moe=False)
+    bf16 = layer_passes(setup, moe=False, bf16=True)
+    assert all(op.precision == "bf16" for ops in bf16 for op in ops if op.kind == "gemm")
+    assert not any(op.name.endswith("_fp8_cast") for ops in bf16 for op in ops)
+    assert any(op.name.endswith("_fp8_cast") for ops in fp8 for op in ops)
+    seconds = lambda edges: simulate_training(  # noqa: E731
+        {**base, "training": {**base["training"], "fp8_bf16_edge_layers": edges}}, RunOptions(fidelity="analytic"),
+    ).metrics()["iteration_time_s"]
+    none, one, two = seconds(0), seconds(1), seconds(2)
+    assert none < one < two
+    assert two - one == pytest.approx(one - none, rel=1e-6)  # each bf16 layer pair costs the same
+    with pytest.raises(ConfigError, match="fp8_bf16_edge_layers = 17"):
+        parse_training({**base, "training": {**base["training"], "fp8_bf16_edge_layers": 17}})

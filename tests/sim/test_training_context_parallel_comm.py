@@ -11,6 +11,7 @@ import pytest
 from sim.cli import main
 from sim.training.config import parse_training
 from sim.training.costs import layer_passes
+from hardware.catalog import get_node
 from sim.training.estimate import estimate_training
 from tests.test_examples_training import EXAMPLES, simulate
 
@@ -62,13 +63,51 @@ def test_hybrid_beats_ring_and_ulysses_across_two_nodes(fidelity: str) -> None:
     assert hybrid["iteration_time_s"] < ulysses["iteration_time_s"] < ring["iteration_time_s"]
 
 
-def test_crossover_the_ring_wins_with_few_kv_heads_ulysses_at_large_cp() -> None:
-    def time(model: str, gpus: int, cp: int, seq: int, comm: str) -> float:
-        return estimate_training(parse_training(config(model, gpus, cp, seq, comm)))["iteration_time_s"]
+def _time(model: str, gpus: int, cp: int, seq: int, comm: str, node: str = "dgx-h100") -> float:
+    cfg = config(model, gpus, cp, seq, comm)
+    if node != "dgx-h100":
+        cfg["cluster"].update(node=node, gpu=get_node(node).gpu)
+    return estimate_training(parse_training(cfg))["iteration_time_s"]
 
-    # GQA (8 KV heads of 32): the ring passes a quarter of what MHA would and hides it behind
-    # attention inside the node; Ulysses still moves all of Q and the output
-    assert time("llama3-8b", 8, 8, 8192, "ring") < time("llama3-8b", 8, 8, 8192, "ulysses")
-    # MHA over two nodes at cp = 16: 15 ring steps over InfiniBand cannot hide; Ulysses' constant
-    # volume wins
-    assert time("llama2-7b", 16, 16, 16384, "ulysses") < time("llama2-7b", 16, 16, 16384, "ring")
+
+@pytest.mark.parametrize("seq", [8192, 32768])
+def test_ulysses_wins_with_many_heads_on_nvlink(seq: int) -> None:
+    """MHA (32 KV heads) over one DGX H100's NVLink: the ring hides its K/V passes, but runs cp
+    attention kernels that each reload the queries and rewrite the output, with an online-softmax
+    merge after every remote step; Ulysses' all-to-alls over NVLink cost less than that."""
+    assert _time("llama2-7b", 8, 8, seq, "ulysses") < _time("llama2-7b", 8, 8, seq, "ring")
+
+
+def test_the_ring_wins_with_few_kv_heads_on_a_slow_link() -> None:
+    """8 H100 PCIe (no NVLink), 32k tokens: with GQA's 8 KV heads the ring's passes are a quarter of
+    MHA's and hide behind attention, while Ulysses still moves all of Q and the output over PCIe;
+    with MHA's 32 KV heads the ring's passes no longer hide and Ulysses wins on the same GPUs."""
+    node = "pcie-8x-h100"
+    assert _time("llama3-8b", 8, 8, 32768, "ring", node) < _time("llama3-8b", 8, 8, 32768, "ulysses", node)
+    assert _time("llama2-7b", 8, 8, 32768, "ulysses", node) < _time("llama2-7b", 8, 8, 32768, "ring", node)
+
+
+def test_across_nodes_ulysses_constant_volume_beats_the_ring_with_mha() -> None:
+    """MHA over two nodes at cp = 16: 15 ring steps over InfiniBand do not hide at 16k tokens, and at
+    half a million, hidden, they still cost the overlapped attention the send/recv kernels' SMs, as
+    much as Ulysses' constant-volume all-to-all costs exposed (the ring does not win here)."""
+    assert _time("llama2-7b", 16, 16, 16384, "ulysses") < _time("llama2-7b", 16, 16, 16384, "ring")
+
+
+def test_ring_attention_runs_a_kernel_per_step_with_the_same_flops() -> None:
+    """cp kernels (one causal on the rank's own K/V, cp - 1 on remote blocks) and cp - 1 merges; the
+    FLOPs equal one kernel over the rank's queries against half the sequence, as priced before."""
+    from sim import costmodel
+    from hardware import cost
+
+    cfg = config("llama2-7b", 8, 8, 8192, "ring")
+    forward, backward, _ = layer_passes(parse_training(cfg), moe=False)
+    kernels = [op for op in forward if op.kind == "attention"]
+    merges = [op for op in forward if op.name.startswith("attention_ring_merge")]
+    assert len(kernels) == 8 and len(merges) == 7
+    flops = sum(costmodel.op_flops(op) for op in kernels)
+    q = 8192 // 8
+    one = cost.attention_flops(((q, 8192 // 2),), heads=32, head_dim=128, causal=False)
+    assert flops == pytest.approx(one, rel=2e-3)  # the causal diagonal counts its masked half exactly
+    ring = {op.name: op.message_bytes for op in forward + backward if op.name.startswith("cp_kv_ring")}
+    assert ring["cp_kv_ring_backward"] == 2 * ring["cp_kv_ring"]  # K/V and dK/dV pass around again

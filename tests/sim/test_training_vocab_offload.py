@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.training.config import parse_training
-from sim.training.costs import GPUS_PER_PCIE_SWITCH, activation_offload_stall_s, end_ops
+from sim.training.costs import activation_offload_stall_s, end_ops
 from sim.training.memory import memory_per_stage
 from sim.training.schedules import plan_profile
 from tests.test_examples_training import EXAMPLES, _config, simulate
@@ -76,7 +76,7 @@ def test_offloaded_activation_memory_follows_the_program() -> None:
 def test_offload_stall_is_zero_until_the_pcie_share_saturates() -> None:
     setup = setup_of(OFFLOAD)
     node = setup.cluster.node
-    bandwidth = min(node.host_to_device_Bps, node.device_to_host_Bps) / GPUS_PER_PCIE_SWITCH
+    bandwidth = min(node.host_to_device_Bps, node.device_to_host_Bps) / node.gpus_per_pcie_switch
     chunk_s = 0.05
     limit_bytes = bandwidth * chunk_s  # the copies of one micro-batch hide behind its compute up to here
     assert activation_offload_stall_s(setup, 0.99 * limit_bytes, chunk_s) == 0.0

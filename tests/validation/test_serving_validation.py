@@ -38,8 +38,8 @@ def test_regression_bounds_of_the_current_model() -> None:
     # What the model achieves now (see the per-row table of `llmsim validate --suite serving`); a
     # change that makes it worse fails here.
     report = _report()
-    assert report.mape("output_tokens_per_s_per_gpu") <= 0.08  # 6.6 % (Mixtral b32 2048/2048 not counted)
-    assert report.mape("first_token_latency_s") <= 0.20  # 19.5 %
+    assert report.mape("output_tokens_per_s_per_gpu") <= 0.075  # 6.9 % (Mixtral b32 2048/2048 not counted)
+    assert report.mape("first_token_latency_s") <= 0.19  # 18.5 %
     for label in ("falcon-180b tp8 b512 128/2048", "falcon-180b tp8 b64 2048/2048"):
         # the per-query-head (masked-MHA) decode kernel brings these from +39 % to within 10 %
         (row,) = [c for c in report.comparisons if c.row == label]
@@ -110,13 +110,31 @@ def test_every_row_runs_the_user_path() -> None:
 
 def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
     # TensorRT-LLM 0.14 trtllm-bench rows through the user path: the issue's 10 % target is not met
-    # (12 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is reproduced
+    # (11.7 %, worst 25.2 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is
+    # reproduced
     from validation.serving_suite import INFLIGHT_THRESHOLDS, run_serving_inflight_suite
 
     report = run_serving_inflight_suite()
     assert not report.failures(), report.failures()
-    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.13
+    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.12 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.26
     (cliff,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp2 1000/1000"]
     assert abs(cliff.error) <= 0.05
     (four,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp4 1000/1000"]
     assert four.predicted > 2 * cliff.predicted  # the cliff: 2 GPUs hold only a few sequences' KV
+
+
+def test_nanoflow_baselines() -> None:
+    # NanoFlow's TensorRT-LLM v0.8 and vLLM v0.5.3 baselines (LLaMA-2-70B TP8, 8 x A100, offline) through
+    # the user path. TensorRT-LLM rows are within the issue's 20 % (2.8-5.6 % today); vLLM rows are
+    # over-predicted by 59-67 % (the V0 engine's host work has no profile): bounds near today's errors
+    from validation.serving_suite import run_serving_nanoflow_suite
+
+    report = run_serving_nanoflow_suite()
+    assert not report.failures(), report.failures()
+    rows = {c.row: c.error for c in report.comparisons}
+    assert len(rows) == 6
+    trtllm = [e for r, e in rows.items() if " trtllm " in r]
+    vllm = [e for r, e in rows.items() if " vllm " in r]
+    assert len(trtllm) == len(vllm) == 3
+    assert all(abs(e) <= 0.07 for e in trtllm)
+    assert all(0.50 <= e <= 0.70 for e in vllm)

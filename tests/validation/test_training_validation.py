@@ -56,11 +56,17 @@ def test_the_report_fails_when_a_threshold_is_exceeded(report: SuiteReport) -> N
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the issue's 7 % target is not met
-    # (24 %, every row too fast): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # (17.6 %, signed -16.8 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
     assert len(modern.rows("iteration_time_s")) == 24
     assert not modern.failures(), modern.failures()
-    assert {c.config["training"]["framework"] for c in modern.comparisons} == {"megatron-core", "llm-foundry"}
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.25
+    assert {c.config["training"]["framework"] for c in modern.comparisons} == {"nemo", "megatron-bridge", "llm-foundry"}
+    assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.19 and MODERN_THRESHOLDS[0].max_row_error <= 0.36
+    assert modern.mape("iteration_time_s") <= 0.18
+    errors = {c.row: c.error for c in modern.comparisons}
+    # mechanisms of this issue, each with a row it moves: llm-foundry's FA1-class attention and fp8 GEMMs at
+    # the fp8 MAMF fraction bring these within 15 % (were -27.7 %, -20.4 %)
+    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.15 and abs(errors["nemo-llama2-7b"]) <= 0.16

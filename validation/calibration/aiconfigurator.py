@@ -4,10 +4,14 @@ measurement CSV (``validation.microbench.schema``).
 The package ships, per system (``aiconfigurator_core/systems/data/<system>/``), Parquet tables
 collected under several serving stacks: ``gemm/<framework>/<version>/gemm_perf.parquet``,
 ``attention/<framework>/<version>/{context,generation}_attention_perf.parquet``,
-``comm/nccl/<version>/nccl_perf.parquet`` and ``moe/<framework>/<version>/moe_perf.parquet``.
+``comm/nccl/<version>/nccl_perf.parquet``, ``comm/<framework>/<version>/custom_allreduce_perf.parquet``
+(the framework's own all-reduce kernel, op ``custom_all_reduce``) and
+``moe/<framework>/<version>/moe_perf.parquet``.
 Latencies are milliseconds per call; NCCL ``message_size`` counts elements of ``nccl_dtype``
 (the package factors it as an element count; an 8-GPU H100 all-reduce of 2^28 halves in 2.11 ms is
-445 GB/s bus bandwidth, the NVLS figure, which bytes would halve). Generation-attention ``step`` is
+445 GB/s bus bandwidth, the NVLS figure, which bytes would halve); the custom all-reduce tables
+count elements of ``allreduce_dtype`` the same way (from 8 Mi elements up they fall back to NCCL and
+equal the NCCL table's seconds at the same count). Generation-attention ``step`` is
 the number of cached tokens, so the kernel reads ``step + 1`` keys. Sliding-window rows
 (``window_size`` > 0) are skipped: llmsim's attention cost has no window.
 """
@@ -40,6 +44,7 @@ TABLE_GLOBS = (
     "attention/*/*/context_attention_perf.parquet",
     "attention/*/*/generation_attention_perf.parquet",
     "comm/nccl/*/nccl_perf.parquet",
+    "comm/*/*/custom_allreduce_perf.parquet",
     "moe/*/*/moe_perf.parquet",
 )
 
@@ -94,6 +99,16 @@ def _nccl(table: pd.DataFrame) -> pd.DataFrame:
     }, index=table.index)
 
 
+def _custom_all_reduce(table: pd.DataFrame) -> pd.DataFrame:
+    unknown = sorted(set(table["allreduce_dtype"]) - set(NCCL_DTYPE_BYTES))
+    if unknown:
+        raise MeasurementError(f"allreduce_dtype {unknown[0]!r} unknown; known: {', '.join(NCCL_DTYPE_BYTES)}")
+    return pd.DataFrame({
+        "op": "custom_all_reduce", "precision": _precision(table["allreduce_dtype"]), "num_gpus": table["num_gpus"],
+        "message_bytes": table["message_size"] * table["allreduce_dtype"].map(NCCL_DTYPE_BYTES),
+    }, index=table.index)
+
+
 def _moe(table: pd.DataFrame) -> pd.DataFrame:
     extra = ("moe_tp=" + table["moe_tp_size"].astype(str) + ";moe_ep=" + table["moe_ep_size"].astype(str)
              + ";distribution=" + table["distribution"].astype(str))
@@ -121,6 +136,8 @@ def _convert(path: Path, root: Path, system: str) -> pd.DataFrame:
         shape = _attention(table, decode=True)
     elif name == "nccl_perf.parquet":
         shape = _nccl(table)
+    elif name == "custom_allreduce_perf.parquet":
+        shape = _custom_all_reduce(table)
     else:
         shape = _moe(table)
     prov = _provenance(table.loc[shape.index], path, root, system)

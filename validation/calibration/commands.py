@@ -38,7 +38,9 @@ def add_calibrate_parser(commands, parser_class, add_format) -> None:
 
 def add_measurement_arguments(validate: argparse.ArgumentParser) -> None:
     validate.add_argument("--measurements", metavar="FILE.csv", help="compare the cost model with these microbenchmark measurements")
-    validate.add_argument("--calibration", metavar="P.toml", help="calibration profile to evaluate (with --measurements)")
+    validate.add_argument("--calibration", metavar="P.toml", help=(
+        "calibration profile to evaluate (with --measurements); without it, the suites' [cluster] calibration "
+        "for every row: a profile TOML, or 'none' for the analytic defaults (default: each GPU's shipped profile)"))
     validate.add_argument("--holdout", type=float, metavar="F", help="hold out fraction F of the rows, fit on the rest, report on the held-out rows")
     validate.add_argument("--seed", type=int, default=0, help="seed of the holdout split (default 0)")
     validate.add_argument("--gpu", metavar="NAME", help="catalog GPU of the measurements (default: the CSV's gpu column)")

@@ -18,6 +18,7 @@ kind and precision the fit takes the stack with the most rows unless ``framework
 from __future__ import annotations
 
 import math
+import re
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -110,6 +111,47 @@ def fit_surface(coords: np.ndarray, log_ratio: np.ndarray, axes: tuple[str, ...]
     )
 
 
+def latency_curve(part: pd.DataFrame) -> Curve | None:
+    """Median measured seconds per message size of one collective and group size, made non-decreasing:
+    a larger message never takes less time (it could be sent as the smaller one plus the rest), so the
+    curve is the closest non-decreasing one in log seconds (isotonic regression) and a noisy dip or
+    spike in the table is averaged with its neighbours instead of kept."""
+    by_size = part.groupby("message_bytes")["latency_s"].median()
+    by_size = by_size[by_size.index > 0]
+    if len(by_size) > 1:
+        from scipy.optimize import isotonic_regression
+
+        monotone = np.exp(isotonic_regression(np.log(by_size.to_numpy())).x)
+        by_size = pd.Series(monotone, index=by_size.index)
+    if not len(by_size):
+        return None
+    return Curve(
+        log2_x=tuple(float(v) for v in np.log2(by_size.index.to_numpy(dtype=float))),
+        y=tuple(float(v) for v in by_size.to_numpy()), rows=len(part), provenance=stack_label(part),
+    )
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    """Numeric parts of a version string, for ordering (0.5.10 after 0.5.9)."""
+    return tuple(int(v) for v in re.findall(r"\d+", version))
+
+
+def custom_all_reduce_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per framework, the custom all-reduce rows of one (version, kernel source): the CUDA-graph
+    variant where the table has one (serving engines capture decode steps in CUDA graphs), then the
+    newest version."""
+    frame = frame[frame["op"] == "custom_all_reduce"]
+    keep = []
+    for _, part in frame.groupby("framework"):
+        kernels = part["kernel_source"].astype("string").fillna("")
+        versions = part["framework_version"].astype("string").fillna("")
+        groups = sorted({(k, v) for k, v in zip(kernels, versions)},
+                        key=lambda kv: ("graph" in kv[0].lower(), _version_key(kv[1]), kv[0]))
+        kernel, version = groups[-1]
+        keep.append(part[((kernels == kernel) & (versions == version)).to_numpy()])
+    return pd.concat(keep) if keep else frame
+
+
 def _log_ratio(analytic_s: np.ndarray, measured_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ok = np.isfinite(analytic_s) & (analytic_s > 0) & (measured_s > 0)
     return ok, np.log(analytic_s[ok] / measured_s[ok])
@@ -121,7 +163,10 @@ def fit_profile(
 ) -> CalibrationProfile:
     """Fit every op kind present in ``frame`` (measurement rows of ``gpu``) into a profile
     (GEMM surfaces only for ``gemm_precisions`` when given)."""
-    frame = select_stacks(frame, framework)
+    # every serving framework's own all-reduce is kept (a serving stack picks its framework's), not only
+    # the named framework's
+    custom_frame = frame[frame["op"] == "custom_all_reduce"]
+    frame = select_stacks(frame[frame["op"] != "custom_all_reduce"], framework)
     analytic = Predictor(with_profile(gpu, None))
     gemm: dict[str, Surface] = {}
     prefill = decode = memory = None
@@ -165,21 +210,15 @@ def fit_profile(
         decode = fit_surface(coords, y, DECODE_AXES, stack_label(part))
 
     for (op, ranks), part in frame[frame["op"].isin(COLLECTIVE_OPS)].groupby(["op", "num_gpus"]):
-        by_size = part.groupby("message_bytes")["latency_s"].median()
-        by_size = by_size[by_size.index > 0]
-        # A larger message never takes less time (it could be sent as the smaller one plus the rest):
-        # the curve is the closest non-decreasing one in log seconds (isotonic regression), so a noisy
-        # dip or spike in the table is averaged with its neighbours instead of kept.
-        if len(by_size) > 1:
-            from scipy.optimize import isotonic_regression
-
-            monotone = np.exp(isotonic_regression(np.log(by_size.to_numpy())).x)
-            by_size = pd.Series(monotone, index=by_size.index)
-        if len(by_size):
-            collectives[(str(op), int(ranks))] = Curve(
-                log2_x=tuple(float(v) for v in np.log2(by_size.index.to_numpy(dtype=float))),
-                y=tuple(float(v) for v in by_size.to_numpy()), rows=len(part), provenance=stack_label(part),
-            )
+        curve = latency_curve(part)
+        if curve is not None:
+            collectives[(str(op), int(ranks))] = curve
+    custom_all_reduce = {}
+    for framework, part in custom_all_reduce_rows(custom_frame).groupby("framework"):
+        for ranks, group in part.groupby("num_gpus"):
+            curve = latency_curve(group)
+            if curve is not None:
+                custom_all_reduce[(str(framework), int(ranks))] = curve
 
     part = frame[frame["op"].isin(["memory", "device_copy"])]
     if len(part):
@@ -194,7 +233,7 @@ def fit_profile(
 
     return CalibrationProfile(
         gpu=gpu.name, source=source, gemm=gemm, attention_prefill=prefill, attention_decode=decode,
-        memory=memory, collectives=collectives, launch_overhead_s=launch_s,
+        memory=memory, collectives=collectives, custom_all_reduce=custom_all_reduce, launch_overhead_s=launch_s,
     )
 
 
@@ -213,6 +252,8 @@ def coverage(profile: CalibrationProfile) -> Mapping[str, str]:
         out["attention_decode"] = box(profile.attention_decode)
     for (op, ranks), c in sorted(profile.collectives.items()):
         out[f"{op}.{ranks}"] = f"bytes {2 ** c.log2_x[0]:.6g}..{2 ** c.log2_x[-1]:.6g}"
+    for (framework, ranks), c in sorted(profile.custom_all_reduce.items()):
+        out[f"custom_all_reduce.{framework}.{ranks}"] = f"bytes {2 ** c.log2_x[0]:.6g}..{2 ** c.log2_x[-1]:.6g}"
     if profile.memory:
         out["memory"] = f"bytes {2 ** profile.memory.log2_x[0]:.6g}..{2 ** profile.memory.log2_x[-1]:.6g}"
     return out

@@ -38,6 +38,7 @@ OPS = (
     "all_gather",
     "reduce_scatter",
     "all_to_all",
+    "custom_all_reduce",  # a serving framework's own all-reduce kernel (framework column: which)
     "memory",
     "device_copy",
     "host_to_device",

@@ -1,0 +1,168 @@
+"""The shipped calibration profiles against the analytic defaults on the published-results suites,
+and the mechanisms that keep them from making a suite worse: ``[cluster] calibration = "none"``, a
+serving stack's own tensor-parallel all-reduce (``tp_all_reduce``), imported and fitted from the
+aiconfigurator custom all-reduce tables."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from hardware.calibration import CalibrationProfile, Curve, load_profile, profile_toml, shipped_profile_path
+from sim.config import resolve_cluster
+from sim.stacks import get_stack
+from validation.published import SuiteReport
+
+
+def test_calibration_none_prices_with_the_analytic_defaults() -> None:
+    shipped = resolve_cluster({"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8}}).gpu
+    analytic = resolve_cluster({"cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8, "calibration": "none"}}).gpu
+    assert shipped.calibration is not None and analytic.calibration is None
+
+
+def _curve(points: dict[int, float]) -> Curve:
+    return Curve(log2_x=tuple(float(x) for x in points), y=tuple(points.values()))
+
+
+def test_tp_all_reduce_view_takes_the_faster_of_the_stack_kernel_and_nccl() -> None:
+    nccl = _curve({10: 10e-6, 20: 40e-6, 26: 400e-6})
+    custom = _curve({7: 3e-6, 10: 4e-6, 20: 80e-6, 26: 400e-6})
+    profile = CalibrationProfile(gpu="a100-sxm-80gb", source="test", collectives={("all_reduce", 2): nccl},
+                                 custom_all_reduce={("trtllm", 2): custom})
+    view = profile.for_tp_all_reduce("trtllm")
+    assert view.collective_s("all_reduce", 2, 2**10) == pytest.approx(4e-6)  # the custom kernel
+    assert view.collective_s("all_reduce", 2, 2**20) == pytest.approx(40e-6)  # NCCL
+    assert view.collective_s("all_reduce", 2, 2**7) == pytest.approx(3e-6)  # measured for the custom kernel only
+    assert profile.collective_s("all_reduce", 2, 2**10) == pytest.approx(10e-6)  # the profile itself is unchanged
+    assert profile.for_tp_all_reduce("vllm") is profile  # no curve of that framework
+    assert view is profile.for_tp_all_reduce("trtllm")  # one view per framework
+    again = load_profile_text(profile)
+    assert again.custom_all_reduce[("trtllm", 2)].y == custom.y
+
+
+def load_profile_text(profile: CalibrationProfile) -> CalibrationProfile:
+    import tomllib
+
+    from hardware.calibration import parse_profile
+
+    return parse_profile(tomllib.loads(profile_toml(profile)), "test")
+
+
+def test_serving_stacks_name_their_all_reduce_kernel() -> None:
+    assert get_stack("serving", "trtllm-0.9").settings["tp_all_reduce"] == "trtllm"
+    assert get_stack("serving", "vllm").settings["tp_all_reduce"] == "vllm"
+    assert get_stack("serving", "fastertransformer").settings["tp_all_reduce"] == "nccl"
+    # every shipped profile of an NVLink GPU carries the TensorRT-LLM and vLLM curves
+    for gpu in ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb"):
+        profile = load_profile(shipped_profile_path(gpu))
+        assert {("trtllm", 2), ("trtllm", 8), ("vllm", 2), ("vllm", 8)} <= set(profile.custom_all_reduce)
+
+
+def test_a_trtllm_replica_prices_its_tp_all_reduce_from_the_custom_kernel() -> None:
+    from sim.runner import RunOptions, simulate
+
+    def ttft(**serving) -> float:
+        config = {
+            "model": {"name": "llama2-70b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 4},
+            "serving": {"framework": "trtllm-0.9", "tp": 4, "scheduler": "static", "max_num_seqs": 1,
+                        "weight_precision": "fp16", "kv_precision": "fp16", **serving},
+            "workload": {"arrival": "offline", "num_requests": 1, "prompt_tokens": 16, "output_tokens": 1},
+        }
+        return simulate(config, RunOptions()).metrics()["ttft_s"]["mean"]
+
+    # 160 all-reduces of a 16-token activation (256 KiB): measured on A100 x4 ~9 us with TensorRT-LLM's
+    # kernel, ~18 us with NCCL (aiconfigurator-core tables in the shipped profile)
+    custom, nccl = ttft(), ttft(tp_all_reduce="nccl")
+    assert 160 * 5e-6 < nccl - custom < 160 * 20e-6
+
+
+# ---- the suites: shipped profiles vs the analytic defaults, same code -------------------------------
+
+
+def _serving(calibration: str | None) -> SuiteReport:
+    from validation.serving_suite import run_serving_suite
+
+    # the suite functions are memoized: called as test_serving_validation calls them, the run is shared
+    return run_serving_suite() if calibration is None else run_serving_suite(calibration=calibration)
+
+
+def _summaries(report: SuiteReport) -> dict[str, tuple[float, float]]:
+    return {t.metric: (report.mape(t.metric), report.worst(t.metric)) for t in report.thresholds}
+
+
+def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
+    """Throughput MAPE and worst row, first-token-latency MAPE and worst row: with each GPU's shipped
+    profile no worse than the analytic defaults (A100 FP16 TensorRT-LLM 0.9 and FasterTransformer rows)."""
+    on, off = _summaries(_serving(None)), _summaries(_serving("none"))
+    for metric, (mape_off, worst_off) in off.items():
+        mape_on, worst_on = on[metric]
+        assert mape_on <= mape_off + 1e-12, (metric, mape_on, mape_off)
+        assert worst_on <= worst_off + 1e-12, (metric, worst_on, worst_off)
+
+
+def test_shipped_profiles_and_the_training_suites() -> None:
+    """Training-modern: no worse with the shipped profiles. The 2021-22 Megatron rows: worst row no
+    worse, MAPE within 0.25 points (measured 6.92 % analytic vs 7.10 % shipped): NOT yet no-worse. The
+    profiles' NCCL curves (aiconfigurator NCCL 2.27 tables) price A100 2- and 4-GPU all-reduces of
+    12-17 MB 20-27 % slower than the analytic model and 8-GPU ones a few % faster, which moves the
+    over-predicted narayanan-3.6b/7.5b rows up and the under-predicted korthikanti-22b, mcore-h100-70b
+    rows down (issue 9 closing note)."""
+    from validation.training_suite import run_training_modern_suite, run_training_suite
+
+    modern_on = _summaries(run_training_modern_suite(fidelity="analytic"))
+    modern_off = _summaries(run_training_modern_suite(fidelity="analytic", calibration="none"))
+    for metric, (mape_off, worst_off) in modern_off.items():
+        assert modern_on[metric][0] <= mape_off + 1e-12 and modern_on[metric][1] <= worst_off + 1e-12, metric
+    on = run_training_suite(fidelity="des")
+    off = run_training_suite(fidelity="des", calibration="none")
+    assert on.worst("iteration_time_s") <= off.worst("iteration_time_s") + 1e-12
+    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 0.0025
+
+
+def test_custom_all_reduce_tables_are_imported_and_fitted_per_framework(tmp_path) -> None:
+    """aiconfigurator-core ``comm/<framework>/<version>/custom_allreduce_perf.parquet`` (element counts of
+    allreduce_dtype, milliseconds): one curve per framework and group size, the CUDA-graph variant of
+    the newest version, next to the NCCL curve."""
+    pytest.importorskip("pyarrow", reason="Parquet needs pyarrow (dev and calibrate extras)")
+    from hardware.catalog import analytic_gpu
+    from validation.calibration.aiconfigurator import import_system
+    from validation.calibration.fit import fit_profile
+
+    root = tmp_path / "a100_sxm"
+
+    def write(relative: str, rows: list[dict]) -> None:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_parquet(path)
+
+    def custom(framework: str, version: str, kernel: str, ms: float) -> list[dict]:
+        return [{"framework": framework, "version": version, "device": "A100", "op_name": "all_reduce",
+                 "kernel_source": kernel, "allreduce_dtype": "bfloat16", "num_gpus": 2, "message_size": size,
+                 "latency": ms * (1 + size / 2**20)} for size in (2**10, 2**20)]
+
+    write("gemm/trtllm/1.0.0/gemm_perf.parquet", [
+        {"framework": "TRTLLM", "version": "1.0.0", "device": "A100", "kernel_source": "torch_flow", "op_name": "gemm",
+         "gemm_dtype": "bfloat16", "m": 4096, "n": 4096, "k": 4096, "latency": 0.5}])
+    write("comm/nccl/2.27.3/nccl_perf.parquet", [
+        {"nccl_dtype": "half", "num_gpus": 2, "message_size": size, "kernel_source": "NCCL", "op_name": "all_reduce",
+         "latency": 0.01 * (1 + size / 2**20)} for size in (2**10, 2**20)])
+    write("comm/trtllm/1.0.0/custom_allreduce_perf.parquet", custom("TRTLLM", "1.0.0", "TRTLLM", 0.004))
+    write("comm/vllm/0.9.0/custom_allreduce_perf.parquet", custom("vLLM", "0.9.0", "vLLM_custom_graph", 0.009))
+    write("comm/vllm/0.14.0/custom_allreduce_perf.parquet",
+          custom("vLLM", "0.14.0", "vLLM_custom_graph", 0.005) + custom("vLLM", "0.14.0", "vLLM_custom_eager", 0.02))
+    frame = import_system(root)
+    rows = frame[frame["op"] == "custom_all_reduce"]
+    assert set(rows["framework"]) == {"trtllm", "vllm"} and set(rows["message_bytes"]) == {2**11, 2**21}
+    profile = fit_profile(frame, analytic_gpu("a100-sxm-80gb"))
+    assert set(profile.custom_all_reduce) == {("trtllm", 2), ("vllm", 2)}
+    assert profile.custom_all_reduce[("vllm", 2)].y[0] == pytest.approx(0.005e-3 * (1 + 2**-10))  # 0.14 graph
+    assert profile.collective_s("all_reduce", 2, 2**11) == pytest.approx(0.01e-3 * (1 + 2**-10))  # NCCL apart
+    assert profile.for_tp_all_reduce("trtllm").collective_s("all_reduce", 2, 2**11) == pytest.approx(0.004e-3 * (1 + 2**-10))
+
+
+def test_validate_calibration_of_the_suites_names_a_missing_profile(capsys) -> None:
+    from sim.cli import main
+
+    assert main(["validate", "--suite", "training", "--calibration", "nosuch.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: [cluster] calibration") and "nosuch.toml" in err and "\n" not in err
