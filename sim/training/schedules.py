@@ -527,13 +527,14 @@ def _longer(a: Paths, b: Paths) -> Paths:
 
 
 @lru_cache(maxsize=8)  # validation and ``program_profile`` execute the same program back to back
-def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int, tuple[tuple[Vector, ...], ...]]:
+def _execute(program: Program, track: bool = False) -> tuple[Any, ...]:
     """Run the program with its dependencies (F after the previous chunk's F, B after the next
     chunk's B, or its fused B+W) on uniform stages, tracking for every op the longest path ending at
     it at each of the ``_WEIGHTS`` op-time ratios. Returns (per stage, the Pareto-maximal (F, B, W) op
     counts of those paths to the stage's last op, peak held chunk-activations per stage, peak
     micro-batches held by the last chunk, per stage the same counts of the paths to the start of its
-    first op). Raises ``InvalidPlanError`` on a deadlock."""
+    first op). With ``track`` it also returns, per stage, the ops of those paths (``_path_ops``).
+    Raises ``InvalidPlanError`` on a deadlock."""
     pp = program.pp
     chunks = len(program.placement)
     global_of = [program.stage_chunks(s) for s in range(pp)]
@@ -542,6 +543,14 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
     pointer = [0] * pp
     last: list[Paths] = [_ZERO] * pp
     first: list[Paths] = [_ZERO] * pp  # the path to the start of each stage's first op
+    # with ``track``: every op's (stage, local chunk, kind) slot and its two predecessors (the
+    # stage's previous op, the op it waits for; -1: none); the ops that produced each F / B
+    op_slot: list[int] = []
+    edges: list[tuple[int, int]] = []
+    f_ids: dict[tuple[int, int], int] = {}
+    b_ids: dict[tuple[int, int], int] = {}
+    last_id, first_id = [-1] * pp, [-1] * pp
+    v = program.chunks_per_stage
     held, peak = [0] * pp, [0] * pp
     last_held = last_peak = 0
     fused = 0 if program.split_backward else 1
@@ -566,6 +575,13 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                         break
                     if pointer[s] == 0:
                         first[s] = dep
+                    if track:
+                        dep_id = f_ids[(g - 1, mb)] if g > 0 else -1
+                        if pointer[s] == 0:
+                            first_id[s] = dep_id
+                        edges.append((last_id[s], dep_id))
+                        op_slot.append((s * v + c) * 4)
+                        last_id[s] = f_ids[(g, mb)] = len(op_slot) - 1
                     paths = _longer(last[s], dep) + _F_STEP
                     f_paths[(g, mb)] = paths
                     held[s] += 1
@@ -579,6 +595,13 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                         break
                     if pointer[s] == 0:
                         first[s] = dep
+                    if track:
+                        dep_id = b_ids[(g + 1, mb)] if g < chunks - 1 else -1
+                        if pointer[s] == 0:
+                            first_id[s] = dep_id
+                        edges.append((last_id[s], dep_id))
+                        op_slot.append((s * v + c) * 4 + (3 if fused else 1))
+                        last_id[s] = b_ids[(g, mb)] = len(op_slot) - 1
                     paths = _longer(last[s], dep) + b_step
                     b_paths[(g, mb)] = paths
                     held[s] -= 1
@@ -586,13 +609,68 @@ def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[in
                         last_held -= 1
                     pointer[s] += fused  # the W right after a fused B is part of it
                 else:
+                    if track:
+                        edges.append((last_id[s], -1))
+                        op_slot.append((s * v + c) * 4 + 2)
+                        last_id[s] = len(op_slot) - 1
                     paths = last[s] + _W_STEP
                 last[s] = paths
                 pointer[s] += 1
                 progressed = True
     stage_ends = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in last)
     stage_starts = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in first)
-    return stage_ends, tuple(peak), last_peak, stage_starts
+    if not track:
+        return stage_ends, tuple(peak), last_peak, stage_starts
+    return _levels(op_slot, edges, last_id, first_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgramGraph:
+    """A program's ops as a dependency graph in levels, for its longest path on stages that differ
+    (``longest_paths``): every op of a level depends only on ops of earlier levels."""
+
+    slot: np.ndarray  # per op, its (stage, local chunk, kind F/B/W/fused B+W) price index
+    prev: np.ndarray  # per op, the stage's previous op (n = none: the zero sentinel)
+    dep: np.ndarray  # per op, the op of another chunk it waits for (n = none)
+    levels: tuple[np.ndarray, ...]  # op indices per level
+    last: np.ndarray  # per stage, its last op
+    first_dep: np.ndarray  # per stage, what its first op waits for (n = none: it starts at 0)
+
+    def longest_paths(self, price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start, finish) of every stage when each op takes ``price[slot]`` seconds and starts as
+        soon as its stage's previous op and its input are done: the program's longest paths."""
+        n = len(self.slot)
+        end = np.zeros(n + 1)
+        duration = price[self.slot]
+        prev, dep = self.prev, self.dep
+        for ops in self.levels:
+            end[ops] = np.maximum(end[prev[ops]], end[dep[ops]]) + duration[ops]
+        return end[self.first_dep], end[self.last]
+
+
+def _levels(op_slot: list[int], edges: list[tuple[int, int]], last_id: list[int], first_id: list[int]) -> ProgramGraph:
+    n = len(op_slot)
+    prev = np.array([a if a >= 0 else n for a, _ in edges], dtype=np.int64)
+    dep = np.array([b if b >= 0 else n for _, b in edges], dtype=np.int64)
+    level = [0] * (n + 1)
+    level[n] = -1
+    for i, (a, b) in enumerate(edges):  # ops were recorded in an order that respects their dependencies
+        level[i] = 1 + max(level[a if a >= 0 else n], level[b if b >= 0 else n])
+    order = np.argsort(np.array(level[:n]), kind="stable")
+    counts = np.bincount(np.array(level[:n]))
+    levels = tuple(np.split(order, np.cumsum(counts)[:-1]))
+    return ProgramGraph(
+        slot=np.array(op_slot, dtype=np.int64), prev=prev, dep=dep, levels=levels,
+        last=np.array([i if i >= 0 else n for i in last_id], dtype=np.int64),
+        first_dep=np.array([i if i >= 0 else n for i in first_id], dtype=np.int64),
+    )
+
+
+@lru_cache(maxsize=256)
+def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramGraph:
+    """The program's dependency graph in levels (``ProgramGraph``), for pricing its longest paths on
+    stages that differ; executes the program once more, recording each op's predecessors; cached."""
+    return _execute(schedule_program(schedule, pp, num_microbatches, virtual_stages), True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
