@@ -35,6 +35,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
         "fp8_recipe": ("training", ("delayed", "current")),
         "fp8_params": ("training", bool),
+        "fp8_bf16_edge_layers": ("training", float),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
     },

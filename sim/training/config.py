@@ -21,7 +21,8 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "fp8_params", "checkpoint", "failures",
+    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
+    "failures",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -100,6 +101,9 @@ class TrainingSetup:
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
     fp8_recipe: str = "delayed"
+    # transformer layers at each end of the model an fp8 run keeps in bf16 (Megatron-Core
+    # first_last_layers_bf16 with num_layers_at_start/end_in_bf16)
+    fp8_bf16_edge_layers: int = 0
     checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
     failures: FailureSpec | None = None  # [training.failures]
     # heterogeneous clusters ([cluster] groups, sim.training.hetero): the groups and the group of
@@ -107,6 +111,12 @@ class TrainingSetup:
     # GPU count on stage 0's group's GPU and node (every stage is priced on its own group's).
     groups: tuple[StageGroup, ...] = ()
     stage_group: tuple[int, ...] = ()
+
+    def bf16_layer(self, layer: int) -> bool:
+        """Whether global transformer ``layer`` runs its GEMMs in bf16 during fp8 training (the
+        ``fp8_bf16_edge_layers`` first and last layers)."""
+        edges = self.fp8_bf16_edge_layers
+        return self.job.precision == "fp8" and edges > 0 and (layer < edges or layer >= self.model.layers - edges)
 
     @property
     def fused_attention(self) -> bool:
@@ -317,11 +327,20 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         framework=stack.name,
         main_grad_accumulation=settings["main_grad_accumulation"],
         fp8_recipe=settings["fp8_recipe"],
+        fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
         checkpoint=checkpoint,
         failures=failures,
         groups=stage_groups_for(group_clusters, overlap_slowdowns),
         stage_group=stage_group,
     )
+
+
+def _edge_layers(value: float, model: ModelSpec) -> int:
+    """``fp8_bf16_edge_layers``: a whole number of layers, at most half the model at each end."""
+    if value != int(value) or not 0 <= value <= model.layers // 2:
+        raise ConfigError(f"[training] fp8_bf16_edge_layers = {value!r} must be an integer in 0..{model.layers // 2} "
+                          f"(half the {model.layers} layers of model {model.name})")
+    return int(value)
 
 
 def _recompute_layers(parallel: Mapping[str, Any], pp: int) -> tuple[int, ...]:

@@ -159,11 +159,14 @@ def attention_sequences_full(s: int, b: int, window: int | None) -> tuple[tuple[
 
 
 def layer_passes(
-    setup: TrainingSetup, moe: bool, full_recompute: bool = False
+    setup: TrainingSetup, moe: bool, full_recompute: bool = False, bf16: bool = False
 ) -> tuple[list[Op], list[Op], list[Op]]:
     """(F, B, W) ops of one layer for one micro-batch; B starts with the recomputed forward ops
-    (all of them when ``full_recompute``, one of the ``recompute_layers``; else per ``plan.recompute``)."""
+    (all of them when ``full_recompute``, one of the ``recompute_layers``; else per ``plan.recompute``).
+    ``bf16``: a layer an fp8 run keeps in bf16 (``TrainingSetup.bf16_layer``): 16-bit GEMMs, no fp8 casts."""
     job, plan = setup.job, setup.plan
+    if bf16 and job.precision == "fp8":
+        job = replace(job, precision="bf16", fp8_params=False)
     sequences, causal = attention_sequences(setup)
     forward = layer_forward_ops(
         setup.model,
@@ -189,6 +192,9 @@ def layer_passes(
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
     if job.precision == "fp8":
         forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
+    elif setup.job.precision == "fp8":  # a bf16 layer of an fp8 run: its GEMMs at the 16-bit peak
+        forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
+                                 for ops in (forward, b_ops, w_ops))
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
 
 
@@ -473,7 +479,7 @@ def chunk_cost(
     first: bool,
     last: bool,
     links: Mapping[str, GroupLinks],
-    layer_cache: dict[tuple[bool, bool] | str, LayerCost],
+    layer_cache: dict[tuple[bool, bool, bool] | str, LayerCost],
     cache: PricingCache | None = None,
     recomputed: int = 0,
 ) -> ChunkCost:
@@ -482,7 +488,7 @@ def chunk_cost(
     model, job, plan = setup.model, setup.job, setup.plan
     costs: list[LayerCost] = []
     for index, layer in enumerate(layers):
-        key = (model.is_moe and layer >= model.dense_layers, index < recomputed)
+        key = (model.is_moe and layer >= model.dense_layers, index < recomputed, setup.bf16_layer(layer))
         if key not in layer_cache:
             layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
         costs.append(layer_cache[key])

@@ -47,8 +47,9 @@ def optimizer_bytes_per_parameter(optimizer: str, precision: str) -> float:
     return update + extra
 
 
-# (dense layers, layers, holds embedding, holds LM head, layers fully recomputed)
-ChunkSignature = tuple[int, int, bool, bool, int]
+# (dense layers, layers, holds embedding, holds LM head, layers fully recomputed, positions of the
+# layers an fp8 run keeps in bf16)
+ChunkSignature = tuple[int, int, bool, bool, int, tuple[int, ...]]
 
 
 def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], ...]:
@@ -66,7 +67,8 @@ def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], 
     start = 0
     for chunk, count in enumerate(counts):
         dense = min(max(dense_layers - start, 0), count)
-        signatures[place[chunk]].append((dense, count, *ends[chunk], recomputed[chunk]))
+        bf16 = tuple(i for i in range(count) if setup.bf16_layer(start + i))
+        signatures[place[chunk]].append((dense, count, *ends[chunk], recomputed[chunk], bf16))
         start += count
     return tuple(tuple(stage) for stage in signatures)
 

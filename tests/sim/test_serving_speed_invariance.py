@@ -22,6 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+if __name__ == "__main__":
+    # Run as a script (--regenerate), sys.path[0] is tests/sim: put the repository root first so the
+    # golden is computed by this checkout's code (without it the imports fail and nothing is rewritten).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 from sim.config import resolve_cluster
 from sim.serving.config import parse_serving
 from sim.serving.metrics import summarize

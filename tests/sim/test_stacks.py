@@ -267,3 +267,24 @@ def test_llm_foundry_runs_an_fa1_class_attention_kernel() -> None:
     fa2 = parse_training({**_config(framework="llm-foundry", precision="bf16", attention_kernel="flash"),
                           "parallel": {"tp": 1, "pp": 1, "zero": 3}})
     assert all(op.kernel_rate == 1.0 for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
+
+
+def test_fp8_bf16_edge_layers_run_16_bit_gemms() -> None:
+    # Megatron-Bridge FP8-CS keeps the first and the last transformer layer in bf16
+    base = _h100_fp8(framework="megatron-bridge")
+    setup = parse_training(base)
+    assert setup.fp8_bf16_edge_layers == 1
+    assert [layer for layer in range(setup.model.layers) if setup.bf16_layer(layer)] == [0, setup.model.layers - 1]
+    fp8 = layer_passes(setup, moe=False)
+    bf16 = layer_passes(setup, moe=False, bf16=True)
+    assert all(op.precision == "bf16" for ops in bf16 for op in ops if op.kind == "gemm")
+    assert not any(op.name.endswith("_fp8_cast") for ops in bf16 for op in ops)
+    assert any(op.name.endswith("_fp8_cast") for ops in fp8 for op in ops)
+    seconds = lambda edges: simulate_training(  # noqa: E731
+        {**base, "training": {**base["training"], "fp8_bf16_edge_layers": edges}}, RunOptions(fidelity="analytic"),
+    ).metrics()["iteration_time_s"]
+    none, one, two = seconds(0), seconds(1), seconds(2)
+    assert none < one < two
+    assert two - one == pytest.approx(one - none, rel=1e-6)  # each bf16 layer pair costs the same
+    with pytest.raises(ConfigError, match="fp8_bf16_edge_layers = 17"):
+        parse_training({**base, "training": {**base["training"], "fp8_bf16_edge_layers": 17}})

@@ -19,6 +19,11 @@ from typing import Any
 
 import pytest
 
+if __name__ == "__main__":
+    # Run as a script (--regenerate), sys.path[0] is tests/sim: put the repository root first so the
+    # golden is computed by this checkout's code (without it the imports fail and nothing is rewritten).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "training_suite_predictions.json"
 # Caching and sharing priced work is exact arithmetic reuse: only float summation order may differ.
 REL = 1e-12

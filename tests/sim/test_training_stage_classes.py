@@ -97,7 +97,7 @@ def test_stage_classes_group_equal_stages(name: str) -> None:
 def test_even_split_has_first_middle_last_classes() -> None:
     setup = parse_training(CONFIGS["gpt-even-1f1b"])
     signatures = {s for s in stage_signatures(setup)}
-    assert signatures == {((12, 12, True, False, 0),), ((12, 12, False, False, 0),), ((12, 12, False, True, 0),)}
+    assert signatures == {((12, 12, True, False, 0, ()),), ((12, 12, False, False, 0, ()),), ((12, 12, False, True, 0, ()),)}
 
 
 def test_dense_first_layers_of_moe_model_are_counted_as_dense() -> None:

@@ -158,3 +158,11 @@ def test_custom_all_reduce_tables_are_imported_and_fitted_per_framework(tmp_path
     assert profile.custom_all_reduce[("vllm", 2)].y[0] == pytest.approx(0.005e-3 * (1 + 2**-10))  # 0.14 graph
     assert profile.collective_s("all_reduce", 2, 2**11) == pytest.approx(0.01e-3 * (1 + 2**-10))  # NCCL apart
     assert profile.for_tp_all_reduce("trtllm").collective_s("all_reduce", 2, 2**11) == pytest.approx(0.004e-3 * (1 + 2**-10))
+
+
+def test_validate_calibration_of_the_suites_names_a_missing_profile(capsys) -> None:
+    from sim.cli import main
+
+    assert main(["validate", "--suite", "training", "--calibration", "nosuch.toml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: [cluster] calibration") and "nosuch.toml" in err and "\n" not in err
