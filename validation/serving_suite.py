@@ -177,21 +177,26 @@ def hbm_roofline_tokens_per_s_per_gpu(row: Row) -> float:
 INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.12, max_row_error=0.26),)
 
 
+def _benchmark_comparisons(suite: str, benchmark: str, calibration: str | None) -> tuple[Comparison, ...]:
+    """Every ``benchmark`` row of serving.csv predicted through the user path, as comparisons of ``suite``."""
+    return tuple(
+        Comparison(suite=suite, row=r.label, metric=r.metric, published=r.published,
+                   predicted=predict(r, calibration), citation=r.citation,
+                   config=with_calibration(row_config(r), calibration))
+        for r in load_rows() if r.benchmark == benchmark
+    )
+
+
 @functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
     """The TensorRT-LLM 0.14 trtllm-bench rows (in-flight batching), through the user path."""
-    comparisons = tuple(
-        Comparison(suite="serving-trtllm-0.14", row=r.label, metric=r.metric, published=r.published,
-                   predicted=predict(r, calibration), citation=r.citation,
-                   config=with_calibration(row_config(r), calibration))
-        for r in load_rows() if r.benchmark == "inflight"
-    )
     return SuiteReport(
-        suite="serving-trtllm-0.14", comparisons=comparisons, thresholds=INFLIGHT_THRESHOLDS,
+        suite="serving-trtllm-0.14", comparisons=_benchmark_comparisons("serving-trtllm-0.14", "inflight", calibration),
+        thresholds=INFLIGHT_THRESHOLDS,
         notes=("1,000 requests per row and trtllm-bench limits of 2,048 sequences and 8,192 tokens per step assumed; "
                "the KV cache takes 0.9 of the memory the weights leave (TensorRT-LLM free_gpu_memory_fraction), "
                "which reproduces the TP2 70B cliff (785 published, 789 predicted)",
-               "TP 4-8 Llama 70B rows are over-predicted by up to 24 %: the TP all-reduce of small decode "
+               "TP 4-8 Llama 70B rows are over-predicted by up to 25 %: the TP all-reduce of small decode "
                "batches and the in-flight scheduler's per-step cost are not modelled beyond the op graph",),
     )
 
@@ -214,14 +219,8 @@ NANOFLOW_NOTES = (
 @functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
 def run_serving_nanoflow_suite(calibration: str | None = None) -> SuiteReport:
     """NanoFlow's vLLM and TensorRT-LLM baselines (LLaMA-2-70B, 8 x A100, offline), through the user path."""
-    comparisons = tuple(
-        Comparison(suite="serving-nanoflow", row=r.label, metric=r.metric, published=r.published,
-                   predicted=predict(r, calibration), citation=r.citation,
-                   config=with_calibration(row_config(r), calibration))
-        for r in load_rows() if r.benchmark == "nanoflow"
-    )
-    return SuiteReport(suite="serving-nanoflow", comparisons=comparisons, thresholds=NANOFLOW_THRESHOLDS,
-                       notes=NANOFLOW_NOTES)
+    return SuiteReport(suite="serving-nanoflow", comparisons=_benchmark_comparisons("serving-nanoflow", "nanoflow", calibration),
+                       thresholds=NANOFLOW_THRESHOLDS, notes=NANOFLOW_NOTES)
 
 
 @functools.cache  # a suite run is a pure function of the code and the data: callers (tests) share it
