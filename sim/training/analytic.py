@@ -64,7 +64,8 @@ class DataParallelTimes:
     grad_sync: tuple[CommWork, ...]  # buckets overlapping the backward
     param_gather: tuple[CommWork, ...]  # ZeRO-3 parameter all-gathers
     optimizer_s: float
-    grad_sync_s: float  # all gradient buckets
+    serial_grad_sync_s: float  # buckets run after the backward, before the optimizer (no overlap)
+    grad_sync_s: float  # all gradient buckets overlapping the backward
     last_bucket_s: float
     gathers_s: tuple[float, ...]
 
@@ -85,12 +86,16 @@ def chunk_times(chunks: tuple[ChunkWork, ...]) -> ChunkTimes:
 
 
 def data_parallel_times(
-    grad_sync: tuple[CommWork, ...], param_gather: tuple[CommWork, ...], optimizer_s: float
+    grad_sync: tuple[CommWork, ...],
+    param_gather: tuple[CommWork, ...],
+    optimizer_s: float,
+    serial_grad_sync_s: float = 0.0,
 ) -> DataParallelTimes:
     return DataParallelTimes(
         grad_sync=grad_sync,
         param_gather=param_gather,
         optimizer_s=optimizer_s,
+        serial_grad_sync_s=serial_grad_sync_s,
         grad_sync_s=sum(map(_DURATION, grad_sync)),  # C loop, same order as a generator sum
         last_bucket_s=grad_sync[-1].duration_s if grad_sync else 0.0,
         gathers_s=tuple(map(_DURATION, param_gather)),
@@ -113,7 +118,8 @@ def _p2p_s(bandwidth_Bps: float, latency_s: float, message_bytes: float) -> floa
 def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     """Iteration time, bubble and exposed communication in closed form."""
     times = [
-        (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s)) for s in work.stages
+        (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s, s.serial_grad_sync_s))
+        for s in work.stages
     ]
     return analytic_iteration_classes(
         times,
@@ -338,14 +344,15 @@ def finish_iteration(
         else:
             exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
         exposed_dp_of.append(exposed_dp)
-        after_of.append(dp.optimizer_s)
+        # the serial buckets (no overlap) run before the optimizer: all of them are exposed
+        after_of.append(dp.optimizer_s + dp.serial_grad_sync_s)
     iteration = 0.0
     exposed_dp_critical = 0.0
     starts = phase.stage_start_s or (0.0,) * len(stage_class)
     for last_backward_end, k, start in zip(phase.last_backward_end_s, stage_class, starts):
         finish = last_backward_end + exposed_dp_of[k] + after_of[k] - start
         if finish >= iteration:
-            iteration, exposed_dp_critical = finish, exposed_dp_of[k]
+            iteration, exposed_dp_critical = finish, exposed_dp_of[k] + dp_of[k].serial_grad_sync_s
     exposed = dict(phase.exposed_comm_s)
     exposed["dp"] = exposed_dp_critical
     return PipelineEstimate(

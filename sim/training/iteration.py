@@ -270,15 +270,15 @@ def _chunks_of_class(
 def _data_parallel_work(
     setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache
 ) -> DataParallelTimes:
-    """Gradient buckets left to overlap the backward, parameter gathers and optimizer seconds (incl.
-    the buckets when they do not overlap) of a stage holding ``params`` parameters per rank."""
+    """Gradient buckets left to overlap the backward, parameter gathers, the buckets' seconds run
+    serially after the backward when they do not overlap (``dp_comm_overlap = false``), and the
+    optimizer seconds of a stage holding ``params`` parameters per rank."""
     grad_sync = grad_sync_for_parameters(setup, params, links, cache)
-    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + (
-        0.0 if setup.dp_comm_overlap else sum(map(_DURATION, grad_sync))
-    )
-    return data_parallel_times(
-        grad_sync if setup.dp_comm_overlap else (), param_gather_for_parameters(setup, params, links, cache), optimizer_s
-    )
+    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache)
+    param_gather = param_gather_for_parameters(setup, params, links, cache)
+    if setup.dp_comm_overlap:
+        return data_parallel_times(grad_sync, param_gather, optimizer_s)
+    return data_parallel_times((), param_gather, optimizer_s, serial_grad_sync_s=sum(map(_DURATION, grad_sync)))
 
 
 class ClassChunks(NamedTuple):
@@ -423,6 +423,7 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
                 chunks=work.chunk.chunks,
                 grad_sync=work.data_parallel.grad_sync,
                 param_gather=work.data_parallel.param_gather,
+                serial_grad_sync_s=work.data_parallel.serial_grad_sync_s,
                 optimizer_s=work.data_parallel.optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )

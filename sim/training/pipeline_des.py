@@ -430,9 +430,14 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     stage_end = []
     for s in range(pp):
         opt_start = max(compute_end[s], streams[s].free_at)
-        stage_end.append(opt_start + work.stages[s].optimizer_s)
+        serial = work.stages[s].serial_grad_sync_s  # buckets run after the backward (no overlap)
+        stage_end.append(opt_start + (work.stages[s].optimizer_s + serial))
+        if trace and serial > 0.0:
+            events.append(TraceEvent(s, "comm-dp", "grad sync (serial)", opt_start, opt_start + serial, {"axis": "dp"}))
         if trace and work.stages[s].optimizer_s > 0.0:
-            events.append(TraceEvent(s, "compute", "optimizer", opt_start, stage_end[s], {"kind": "optimizer"}))
+            events.append(
+                TraceEvent(s, "compute", "optimizer", opt_start + serial, stage_end[s], {"kind": "optimizer"})
+            )
     pipeline_time = max(compute_end)
     # Post-validation (``tiles_iterations``): no barrier between iterations, each stage starts its next
     # one when its own optimizer step ends, so the iteration lasts its longest stage span (the next

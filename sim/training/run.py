@@ -219,7 +219,7 @@ class TrainingResult:
                     "backward_input_s_per_microbatch": sum(c.backward_input_s for c in stage.chunks),
                     "backward_weight_s_per_microbatch": sum(c.backward_weight_s for c in stage.chunks),
                     "busy_s": self.estimate.stage_busy_s[stage.stage],
-                    "grad_sync_s": sum(c.duration_s for c in stage.grad_sync),
+                    "grad_sync_s": sum(c.duration_s for c in stage.grad_sync) + stage.serial_grad_sync_s,
                     "optimizer_s": stage.optimizer_s,
                     "weights_bytes": breakdown.weights_bytes,
                     "gradients_bytes": breakdown.gradients_bytes,

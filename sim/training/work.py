@@ -50,6 +50,9 @@ class StageWork:
     param_gather: tuple[CommWork, ...]  # ZeRO-3/FSDP parameter all-gathers per chunk (empty otherwise)
     optimizer_s: float  # optimizer step after gradients are synchronized (incl. offload traffic)
     static_memory_bytes: float  # weights + gradients + optimizer + buffers held all iteration
+    # the gradient buckets' seconds when they run after the backward, before the optimizer
+    # (``dp_comm_overlap = false``; ``grad_sync`` is then empty): exposed data-parallel time
+    serial_grad_sync_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -200,3 +200,24 @@ def test_analytic_matches_the_des_with_the_naive_vocabulary_placement(schedule: 
     sets = (f"parallel.schedule={schedule}", f"parallel.vocab_parallel={str(vocab_parallel).lower()}")
     analytic, des = simulate(example, "analytic", *sets), simulate(example, "des", *sets)
     assert analytic["iteration_time_s"] == pytest.approx(des["iteration_time_s"], rel=0.01)
+
+
+def test_programs_executed_together_give_the_profiles_of_one_by_one() -> None:
+    from sim.training import schedules
+
+    keys = [(s, pp, m, v) for s, v in [("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("zb-v", 2), ("hanayo", 4),
+                                       ("bfs", 3), ("zb-h2", 1), ("gpipe", 1)]
+            for pp in (1, 2, 3, 4) for m in (4, 5, 8)]
+    keys.append(("interleaved", 3, 4, 2))  # invalid (m not a multiple of pp): left out, raises when asked
+    alone = {}
+    for key in keys:
+        try:
+            alone[key] = schedules._profile(*schedules._checked_program(*key))
+        except InvalidPlanError:
+            pass
+    schedules._PROFILES.clear()
+    schedules.prepare_program_profiles(keys)
+    assert set(schedules._PROFILES) == set(alone)
+    assert all(schedules._PROFILES[key] == profile for key, profile in alone.items())
+    with pytest.raises(InvalidPlanError, match="multiple of pp|divisible by pp"):
+        program_profile("interleaved", 3, 4, 2)
