@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any, Mapping, Sequence
 
 from hardware import units
-from search.executor import batches, map_batches
+from search.executor import map_batches
 from search.progress import progress
 from search.run import DEFAULT_TOP_K, SearchOptions
 from search.solver import SolverError
@@ -42,6 +42,7 @@ from search.training_screen import (
     Screened,
     _worker,
     price_candidate,
+    program_batches,
     screen_batch,
     simulate_batch,
 )
@@ -127,11 +128,17 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
     funnel = Funnel(enumerated=len(candidates) + sum(arithmetic.values()), pruned=dict(arithmetic))
     size = max(MIN_BATCH, min(MAX_BATCH, -(-len(candidates) // max(1, 8 * options.workers))))
     screen = partial(screen_batch, token, space.contexts)
+    # batches hold whole pipeline programs (each computed by one worker); outcomes back in enumeration order
+    work = program_batches(space.contexts, candidates, size)
     with progress(len(candidates), "screening") as update:
         screened_batches = map_batches(
-            screen, batches(candidates, size), workers=options.workers, dask_address=options.dask_address, on_done=update
+            screen, [[candidates[i] for i in batch] for batch in work], workers=options.workers,
+            dask_address=options.dask_address, on_done=update,
         )
-    outcomes: list[Screened] = [s for batch in screened_batches for s in batch]
+    outcomes: list[Screened] = [None] * len(candidates)  # type: ignore[list-item]
+    for batch, screened in zip(work, screened_batches):
+        for i, outcome in zip(batch, screened):
+            outcomes[i] = outcome
 
     rows = [ScreenRow(candidate=None, context=None, rule=rule, count=count) for rule, count in arithmetic.items()]
     lights: list[_Light] = []

@@ -12,11 +12,12 @@ from typing import Any, NamedTuple, Sequence
 
 from sim.runner import RunOptions
 from sim.training.config import TrainingSetup
-from sim.training.estimate import estimate_training
+from sim.training.estimate import estimate_training, memory_terms
 from sim.training.activations import inflight_microbatches
 from sim.training.memory import stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
 from sim.training.run import simulate_training
+from sim.training.schedules import prepare_program_profiles, program_profile
 from search.training_space import Candidate, Context, SetupBuilder, context_setup, rule_of
 from workloads.errors import InvalidPlanError
 
@@ -46,6 +47,7 @@ class _Worker:
         self.rules: dict[str, str] = {}
         self.cache = PricingCache()
         self.floors: dict[Candidate, float] = {}
+        self.layer_kinds: dict[tuple[Any, ...], tuple[tuple[int, int], ...]] = {}
 
 
 _STATE: dict[str, _Worker] = {}  # token -> the worker state of that search, in this process
@@ -59,44 +61,99 @@ def _worker(token: str, contexts: Sequence[Context]) -> _Worker:
     return worker
 
 
-def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, cache: dict[Candidate, float]) -> float:
+def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Worker) -> float:
     """A lower bound of the peak memory any ``recompute_layers`` can give this plan: the simulator's
     memory model (``stage_memory_class``) on the first and last stages with every layer recomputed
     (inputs kept only). Stored activations only shrink with recomputation, and the one
     re-materialised layer's working set is smaller than the activations it frees once one layer and
-    one micro-batch are in flight, so this bounds 'none', 'selective' and any mix from below."""
+    one micro-batch are in flight, so this bounds 'none', 'selective' and any mix from below.
+    Memoized per plan (the recompute choice aside), the stage layer counts per pipeline shape and
+    the memory terms as the analytic fidelity memoizes them (``estimate.memory_terms``)."""
     key = candidate._replace(recompute="full" if candidate.recompute == "full" else "none")
-    floor = cache.get(key)
+    floor = worker.floors.get(key)
     if floor is None:
         model, plan, job = setup.model, setup.plan, setup.job
-        kinds = stage_layer_kinds(model, plan)
+        shape = (candidate.context, plan.schedule, plan.pp, plan.virtual_stages, plan.layers_per_stage)
+        kinds = worker.layer_kinds.get(shape)
+        if kinds is None:
+            kinds = worker.layer_kinds[shape] = stage_layer_kinds(model, plan)
         m = setup.num_microbatches
+        stage_plan = plan if plan.recompute == "full" else dataclasses.replace(plan, recompute="none", recompute_layers=())
+        stages = sorted({0, plan.pp - 1})
+        memory_kinds = tuple(
+            (kinds[s][0], kinds[s][1], s == 0, s == plan.pp - 1, 0 if plan.recompute == "full" else sum(kinds[s]))
+            for s in stages
+        )
+        model_id = worker.cache.spec_ids(model, setup.cluster).model
+        terms = memory_terms(setup, stage_plan, memory_kinds, worker.cache, model_id)
         floor = 0.0
-        for stage in sorted({0, plan.pp - 1}):
-            dense, moe = kinds[stage]
-            recomputed = 0 if plan.recompute == "full" else dense + moe
-            stage_plan = plan if plan.recompute == "full" else dataclasses.replace(
-                plan, recompute="none", recompute_layers=())
+        for stage, (dense, moe, first, last, recomputed), stage_terms in zip(stages, memory_kinds, terms):
             kind = stage_memory_class(
-                model, stage_plan, job, dense_layers=dense, moe_layers=moe, first=stage == 0, last=stage == plan.pp - 1,
-                recomputed_layers=recomputed, flash_attention=setup.fused_attention,
+                model, stage_plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
+                recomputed_layers=recomputed, flash_attention=setup.fused_attention, terms=stage_terms,
             )
             floor = max(floor, kind.total_bytes(inflight_microbatches(plan, m, stage)))
-        cache[key] = floor
+        worker.floors[key] = floor
     return floor
 
 
+def program_key(context: Context, candidate: Candidate) -> tuple[str, int, int, int]:
+    """(schedule, pp, virtual stages, micro-batches) of a candidate: what its pipeline program (the
+    costliest thing screening computes, ``sim.training.schedules.program_profile``) depends on;
+    micro-batches 0 where the batch does not divide (validation prunes those)."""
+    dp = context.num_gpus // (candidate.tp * candidate.pp * candidate.cp)
+    per_step = dp * candidate.micro_batch
+    m = candidate.global_batch // per_step if per_step and candidate.global_batch % per_step == 0 else 0
+    return (candidate.schedule, candidate.pp, candidate.virtual_stages, m)
+
+
+def program_batches(contexts: Sequence[Context], candidates: Sequence[Candidate], size: int) -> list[list[int]]:
+    """Candidate indices in batches of about ``size`` that never split the candidates of one pipeline
+    program (``program_key``), so that each program is computed by one worker; the batches of the
+    largest programs first (they take longest), each batch in enumeration order."""
+    groups: dict[tuple[str, int, int, int], list[int]] = {}
+    for index, candidate in enumerate(candidates):
+        groups.setdefault(program_key(contexts[candidate.context], candidate), []).append(index)
+    keys = sorted(groups, key=lambda k: (-k[1] * k[2] * k[3], k))
+    out: list[list[int]] = []
+    current: list[int] = []
+    for key in keys:
+        current.extend(groups[key])
+        if len(current) >= size:
+            out.append(sorted(current))
+            current = []
+    if current:
+        out.append(sorted(current))
+    return out
+
+
 def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candidate]) -> list[Screened]:
-    """Prune or price every candidate of ``batch`` (a top-level function: picklable for pools and dask)."""
+    """Prune or price every candidate of ``batch`` (a top-level function: picklable for pools and dask).
+    Every rule but the last (the pipeline program) is checked first; the programs of the plans left
+    are computed together (``prepare_program_profiles``), then checked and priced one by one."""
     worker = _worker(token, contexts)
-    out = []
+    setups: list[TrainingSetup | Screened] = []
     for candidate in batch:
         try:
-            setup = worker.builders[candidate.context](candidate)
+            setups.append(worker.builders[candidate.context](candidate, check_program=False))
+        except InvalidPlanError as exc:
+            setups.append(Screened(rule_of(str(exc), worker.rules), None, None))
+    prepare_program_profiles(
+        (s.plan.schedule, s.plan.pp, s.num_microbatches, s.plan.virtual_stages) for s in setups
+        if isinstance(s, TrainingSetup)
+    )
+    out = []
+    for candidate, setup in zip(batch, setups):
+        if isinstance(setup, Screened):
+            out.append(setup)
+            continue
+        plan = setup.plan
+        try:
+            program_profile(plan.schedule, plan.pp, setup.num_microbatches, plan.virtual_stages)  # the last rule
         except InvalidPlanError as exc:
             out.append(Screened(rule_of(str(exc), worker.rules), None, None))
             continue
-        floor = memory_floor_bytes(setup, candidate, worker.floors)
+        floor = memory_floor_bytes(setup, candidate, worker)
         if floor > setup.cluster.gpu.hbm_capacity_bytes:
             out.append(Screened(MEMORY_RULE, floor, None))
             continue

@@ -13,12 +13,14 @@ import copy
 import dataclasses
 import itertools
 import re
+from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from sim.config import reject_unknown_keys, resolve_cluster, section
 from sim.errors import ConfigError
 from sim.training.config import TrainingSetup, parse_training, validate_plan
+from sim.training.schedules import config_virtual_stages
 from workloads.errors import InvalidPlanError
 from workloads.plan import RECOMPUTE, SCHEDULES, ParallelPlan, TrainingJob
 
@@ -255,10 +257,12 @@ def micro_batch_values(global_batch: int, dp: int, listed: tuple[int, ...] | Non
     return tuple(d for d in range(1, per_replica + 1) if per_replica % d == 0)
 
 
-def takes_virtual_stages(schedule: str) -> bool:
-    """Whether the simulator's plan validation lets ``schedule`` run several chunks per GPU."""
+@lru_cache(maxsize=None)
+def takes_virtual_stages(schedule: str, virtual_stages: int) -> bool:
+    """Whether the simulator's plan validation lets ``schedule`` run ``virtual_stages`` (V shapes
+    exactly 2, hanayo 2 per wave, the one-chunk schedules 1)."""
     try:
-        ParallelPlan(pp=2, schedule=schedule, virtual_stages=2)
+        ParallelPlan(pp=2, schedule=schedule, virtual_stages=virtual_stages)
     except InvalidPlanError:
         return False
     return True
@@ -272,14 +276,15 @@ def enumerate_candidates(space: TrainingSpace, bases: Sequence[TrainingSetup]) -
     for index, (context, base) in enumerate(zip(space.contexts, bases)):
         values = default_axes(space, base)
         n = context.num_gpus
-        # with "auto" virtual stages, schedules the simulator runs with one chunk per GPU get v = 1 only
-        chunked = {s: space.axes["virtual_stages"] is not None or takes_virtual_stages(s) for s in values["schedule"]}
+        # with "auto" virtual stages, each schedule gets the chunk counts it runs: one-chunk schedules
+        # v = 1, V shapes v = 2, hanayo even v (listed values are all tried, and pruned by validation)
+        listed_v = space.axes["virtual_stages"] is not None
         for gb in space.global_batches:
             for tp in values["tp"]:
                 sps = values["sequence_parallel"] if space.axes["sequence_parallel"] is not None else (tp > 1,)
                 for pp in values["pp"]:
                     vs = virtual_stage_values(base.model.layers, pp, space.axes["virtual_stages"])
-                    schedules = [(s, v) for s in values["schedule"] for v in (vs if chunked[s] else (1,))]
+                    schedules = [(s, v) for s in values["schedule"] for v in vs if listed_v or takes_virtual_stages(s, v)]
                     for cp in values["cp"]:
                         if space.max_gpus is not None and n > space.max_gpus:
                             rule = f"num_gpus must be <= [search] max_gpus = {space.max_gpus}"
@@ -335,14 +340,16 @@ class SetupBuilder:
                 base, global_batch=global_batch, micro_batch=micro_batch)
         return job
 
-    def __call__(self, candidate: Candidate) -> TrainingSetup:
+    def __call__(self, candidate: Candidate, *, check_program: bool = True) -> TrainingSetup:
+        """The candidate's setup, validated (``check_program=False``: all but its pipeline program,
+        the last rule, which the caller checks; ``sim.training.config.validate_plan``)."""
         base = self.base
         values = dict(self._plan, dp=base.cluster.num_gpus // (candidate.tp * candidate.pp * candidate.cp))
         for name in PLAN_FIELDS:
             values[name] = getattr(candidate, name)
         plan = type(base.plan)(**values)
         job = self.job(candidate.global_batch, candidate.micro_batch)
-        validate_plan(base.model, base.cluster, job, plan)
+        validate_plan(base.model, base.cluster, job, plan, check_program=check_program)
         return type(base)(**dict(self._setup, job=job, plan=plan))
 
 
@@ -360,6 +367,7 @@ def candidate_config(context: Context, candidate: Candidate) -> dict[str, Any]:
     parallel = {k: v for k, v in section(config, "parallel", required=False).items() if k not in AXES + DERIVED}
     dp = context.num_gpus // (candidate.tp * candidate.pp * candidate.cp)
     chosen: dict[str, Any] = {name: getattr(candidate, name) for name in PLAN_FIELDS}
+    chosen["virtual_stages"] = config_virtual_stages(candidate.schedule, candidate.virtual_stages)  # chunks -> config
     chosen["layers_per_stage"] = list(candidate.layers_per_stage)
     chosen["recompute_layers"] = list(candidate.recompute_layers) if candidate.recompute_layers else 0
     config["parallel"] = dict(parallel, dp=dp, **chosen)

@@ -14,7 +14,7 @@ from sim.notices import warn
 from sim.stacks import resolve_settings
 from sim.training.hetero import StageGroup, place_stages, resolve_groups, stage_groups_for
 from sim.training.goodput import CheckpointSpec, FailureSpec, parse_checkpoint, parse_failures
-from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, schedule_program
+from sim.training.schedules import FILE_PREFIX, SCHEDULES, V_SHAPES, chunks_per_stage, plan_placement, program_profile
 from workloads.errors import InvalidPlanError
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, stage_layer_counts
@@ -338,7 +338,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
 def _edge_layers(value: float, model: ModelSpec) -> int:
     """``fp8_bf16_edge_layers``: a whole number of layers, at most half the model at each end."""
     if value != int(value) or not 0 <= value <= model.layers // 2:
-        raise ConfigError(f"[training] fp8_bf16_edge_layers = {value!r} must be an integer in 0..{model.layers // 2} "
+        raise ConfigError(f"[training] fp8_bf16_edge_layers = {value:g} must be an integer in 0..{model.layers // 2} "
                           f"(half the {model.layers} layers of model {model.name})")
     return int(value)
 
@@ -357,8 +357,12 @@ def _recompute_layers(parallel: Mapping[str, Any], pp: int) -> tuple[int, ...]:
     raise ConfigError(f"[parallel] recompute_layers = {value!r} must be an integer or a list of integers (one per stage)")
 
 
-def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan) -> None:
-    """The divisibility rules Megatron-LM enforces, each reported with its values."""
+def validate_plan(
+    model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan, *, check_program: bool = True
+) -> None:
+    """The divisibility rules Megatron-LM enforces, each reported with its values; last, that the
+    schedule's program is valid (``program_profile`` raises). ``check_program=False`` leaves that
+    last rule to a caller that checks many plans' programs together (the plan search)."""
     if plan.world_size != cluster.num_gpus:
         raise InvalidPlanError(
             f"tp x pp x cp x dp = {plan.tp} x {plan.pp} x {plan.cp} x {plan.dp} = {plan.world_size} "
@@ -409,10 +413,11 @@ def validate_plan(model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: Pa
             f"passes, past the limit of {MAX_SCHEDULE_PASSES:,} (checking and executing the schedule takes minutes "
             "beyond it); use fewer micro-batches: a larger training.micro_batch or a smaller training.global_batch"
         )
-    schedule_program(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # the program is valid
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
     if job.seq_len > model.max_seq_len and model.position == "learned":
         raise InvalidPlanError(
             f"training.seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of model {model.name}"
         )
+    if check_program:
+        program_profile(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # valid (checked once)

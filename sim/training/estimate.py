@@ -24,6 +24,7 @@ from sim.training.iteration import IterationClasses, PricingKeys, build_iteratio
 from sim.training.memory import (
     MemoryBreakdown,
     StageMemoryClass,
+    StageMemoryTerms,
     peak_stage_memory,
     stage_memory_class,
     stage_memory_terms,
@@ -47,21 +48,21 @@ _terms_plan_values = attrgetter(*_TERMS_PLAN_FIELDS)
 _NESTED_METRICS = ("exposed_communication_s", "memory_bytes", "offloaded_bytes", "parallel")
 
 
-def _memory_classes(
-    setup: TrainingSetup, priced: IterationClasses, cache: PricingCache
-) -> tuple[StageMemoryClass, ...]:
-    """``stage_memory_class`` of every (dense, MoE, first, last, recomputed) memory kind of ``priced.layout``.
-    Their ``stage_memory_terms`` (parameters and activations before sharding) are memoized without
-    the ZeRO, offload and data-parallel fields, so plans differing only there share them and redo
-    just the sharding arithmetic of ``stage_memory_class``."""
-    model, plan, job = setup.model, setup.plan, setup.job
-    kinds = priced.layout.memory_kinds
+def memory_terms(
+    setup: TrainingSetup, plan: ParallelPlan, kinds: tuple[tuple[int, int, bool, bool, int], ...], cache: PricingCache,
+    model_id: int,
+) -> tuple[StageMemoryTerms, ...]:
+    """``stage_memory_terms`` (parameters and activations before sharding) of ``plan`` for every
+    (dense, MoE, first, last, recomputed) memory kind in ``kinds``, memoized without the ZeRO, offload
+    and data-parallel fields, so plans differing only there share them (``model_id``: the model's
+    interned id, ``PricingCache.spec_ids``)."""
+    model, job = setup.model, setup.job
     flash = setup.fused_attention
     terms_key = (
-        priced.keys.model, job_values(job), flash, (plan.pp if plan.vocab_parallel else plan.pp > 1),
-        plan_profile(plan, priced.num_microbatches).last_chunk_inflight, _terms_plan_values(plan), kinds,
+        model_id, job_values(job), flash, (plan.pp if plan.vocab_parallel else plan.pp > 1),
+        plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight, _terms_plan_values(plan), kinds,
     )
-    terms = cache.memo(
+    return cache.memo(
         "memory_terms",
         terms_key,
         lambda: tuple(
@@ -72,6 +73,18 @@ def _memory_classes(
             for dense, moe, first, last, recomputed in kinds
         ),
     )
+
+
+def _memory_classes(
+    setup: TrainingSetup, priced: IterationClasses, cache: PricingCache
+) -> tuple[StageMemoryClass, ...]:
+    """``stage_memory_class`` of every (dense, MoE, first, last, recomputed) memory kind of ``priced.layout``,
+    from their memoized ``memory_terms``: plans differing only in ZeRO, offload and data-parallel
+    fields redo just the sharding arithmetic of ``stage_memory_class``."""
+    model, plan, job = setup.model, setup.plan, setup.job
+    kinds = priced.layout.memory_kinds
+    flash = setup.fused_attention
+    terms = memory_terms(setup, plan, kinds, cache, priced.keys.model)
     return tuple(
         stage_memory_class(
             model, plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
@@ -87,10 +100,12 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
     classes of one plan shape are computed once per cache, and the peak once per (classes, stages)."""
     plan, job = setup.plan, setup.job
     layout = priced.layout
-    # the classes depend on the plan beyond _MEMORY_PLAN_FIELDS only through the stage kinds
+    # the classes depend on the plan beyond _MEMORY_PLAN_FIELDS only through the stage kinds and
+    # the last chunk's in-flight micro-batches (the logits held; pp, v and the schedule set it)
     classes_key = cache.intern((
         "memory_classes", priced.keys.model, job_values(job), setup.fused_attention, (plan.pp if plan.vocab_parallel else plan.pp > 1),
         plan.world_size > 1, _memory_plan_values(plan), layout.memory_kinds,
+        plan_profile(plan, priced.num_microbatches).last_chunk_inflight,
     ))
     capacity = setup.cluster.gpu.hbm_capacity_bytes
     # the peak adds the stage indices, which (with pp, v and the micro-batches, fixed by job and dp

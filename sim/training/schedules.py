@@ -12,6 +12,12 @@ fidelity and the memory model read ``program_profile``, which executes it once p
 (schedule, pp, m, v) and keeps what they need: the peak activations held per stage and the
 critical paths of uniform stages.
 
+A program holds its ops as one integer array per stage (``Program.ops``; ``Program.steps`` gives
+them as tuples), and the generators, the checks and the executor work on whole arrays: the list
+scheduler and the executor step all stages through time together, a few array operations per time
+step, and ``prepare_program_profiles`` executes many programs side by side (a plan search needs
+thousands, some of hundreds of thousands of ops).
+
 Conventions (one for all schedules): activations are held from the end of F to the end of B; W
 holds none. Without ``split_backward`` each W immediately follows its B and the executor runs the
 pair as one fused backward: the gradient for the previous chunk is sent after W. With it, the
@@ -24,12 +30,10 @@ shape of Qi et al. 2024 with two chunks and Hanayo's waves with 2 W chunks.
 
 from __future__ import annotations
 
-import heapq
 import json
 import math
-from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -67,35 +71,63 @@ class PipeOp:
 Step = tuple[str, int, int]  # (kind, microbatch, chunk): a PipeOp as a plain tuple, for the executor's hot loop
 
 
-def _gpipe(m: int) -> list[Step]:
+# A program's ops as one int64 array per stage, rows (pass code, micro-batch, local chunk) in run
+# order: the generators build these with numpy (a large program holds hundreds of thousands of ops)
+F_CODE, B_CODE, W_CODE = 0, 1, 2
+PASS_NAMES = "FBW"  # pass code -> name
+
+
+def _ops(kinds: np.ndarray, microbatches: np.ndarray, chunks: np.ndarray) -> np.ndarray:
+    return np.stack([kinds, microbatches, chunks], axis=1).astype(np.int64, copy=False)
+
+
+def _gpipe(m: int) -> np.ndarray:
     # Huang et al. 2019 (GPipe): all forwards, then all backwards (ascending micro-batch order, as
     # torch.distributed.pipelining's ScheduleGPipe); every stage keeps all m micro-batches in flight.
-    ops: list[Step] = [("F", i, 0) for i in range(m)]
-    for i in range(m):
-        ops.append(("B", i, 0))
-        ops.append(("W", i, 0))
-    return ops
+    i = np.arange(m)
+    kinds = np.concatenate([np.full(m, F_CODE), np.tile([B_CODE, W_CODE], m)])
+    return _ops(kinds, np.concatenate([i, np.repeat(i, 2)]), np.zeros(3 * m, dtype=np.int64))
 
 
-def _one_f_one_b(pp: int, stage: int, m: int, deferred_w: int) -> list[Step]:
+def _warmup_then_alternate(
+    forward: tuple[np.ndarray, np.ndarray], backward: tuple[np.ndarray, np.ndarray], warmup: int, deferred_w: int
+) -> np.ndarray:
+    """The 1F1B shape over n (micro-batch, chunk) forwards and n backwards in their orders: ``warmup``
+    forwards, then for k = 0..n-1 the next forward (while any is left), backward k and its W (the W
+    of the first ``deferred_w`` backwards moved to the end)."""
+    (f_mb, f_c), (b_mb, b_c) = forward, backward
+    n = len(f_mb)
+    k = np.arange(n)
+    # per k a block of (F of warmup + k | none), (B k), (W k | none); -1 marks an empty slot
+    block_f = np.where(k < n - warmup, warmup + k, -1)
+    block_w = np.where(k >= deferred_w, k, -1)
+    kinds = np.stack([np.full(n, F_CODE), np.full(n, B_CODE), np.full(n, W_CODE)], axis=1)
+    index = np.stack([block_f, k, block_w], axis=1)
+    keep = (index >= 0).ravel()
+    kinds, index = kinds.ravel()[keep], index.ravel()[keep]
+    is_f = kinds == F_CODE
+    mbs = np.where(is_f, f_mb[np.where(is_f, index, 0)], b_mb[index])
+    chunks = np.where(is_f, f_c[np.where(is_f, index, 0)], b_c[index])
+    head = np.arange(min(warmup, n))
+    tail = np.arange(min(deferred_w, n))
+    return np.concatenate([
+        _ops(np.full(len(head), F_CODE), f_mb[head], f_c[head]),
+        _ops(kinds, mbs, chunks),
+        _ops(np.full(len(tail), W_CODE), b_mb[tail], b_c[tail]),
+    ])
+
+
+def _one_f_one_b(pp: int, stage: int, m: int, deferred_w: int) -> np.ndarray:
     """PipeDream-flush / 1F1B (Narayanan et al. 2021, Sec. 2.2.1) with the first ``deferred_w`` W ops moved to the end.
 
     Warm-up of min(pp - stage - 1, m) forwards, steady state one F then one B, cool-down of the
     remaining B: at most pp - stage micro-batches are in flight on the stage.
     """
-    warmup = min(pp - stage - 1, m)
-    ops: list[Step] = [("F", i, 0) for i in range(warmup)]
-    for k in range(m):
-        if k < m - warmup:
-            ops.append(("F", warmup + k, 0))
-        ops.append(("B", k, 0))
-        if k >= deferred_w:
-            ops.append(("W", k, 0))
-    ops.extend(("W", i, 0) for i in range(min(deferred_w, m)))
-    return ops
+    i, zero = np.arange(m), np.zeros(m, dtype=np.int64)
+    return _warmup_then_alternate((i, zero), (i, zero), min(pp - stage - 1, m), deferred_w)
 
 
-def _interleaved(pp: int, stage: int, m: int, v: int) -> list[Step]:
+def _interleaved(pp: int, stage: int, m: int, v: int) -> np.ndarray:
     """Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2) with v chunks per stage.
 
     The k-th forward (0..m*v-1) of a stage runs micro-batch (k // (pp*v)) * pp + k % pp on local
@@ -106,23 +138,12 @@ def _interleaved(pp: int, stage: int, m: int, v: int) -> list[Step]:
     """
     total = m * v
     warmup = total if m == pp else min(2 * (pp - stage - 1) + (v - 1) * pp, total)
-
-    def forward(k: int) -> Step:
-        return ("F", (k // (pp * v)) * pp + k % pp, (k % (pp * v)) // pp)
-
-    ops = [forward(k) for k in range(warmup)]
-    for k in range(total):
-        if k < total - warmup:
-            ops.append(forward(warmup + k))
-        microbatch, chunk = (k // (pp * v)) * pp + k % pp, v - 1 - (k % (pp * v)) // pp
-        ops.append(("B", microbatch, chunk))
-        ops.append(("W", microbatch, chunk))
-    return ops
+    k = np.arange(total)
+    microbatch, chunk = (k // (pp * v)) * pp + k % pp, (k % (pp * v)) // pp
+    return _warmup_then_alternate((microbatch, chunk), (microbatch, v - 1 - chunk), warmup, 0)
 
 
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class Program:
     """A validated pipeline schedule: what every stage runs, in order, and where every chunk lives."""
 
@@ -132,17 +153,30 @@ class Program:
     chunks_per_stage: int
     placement: tuple[int, ...]  # stage of global (model-order) chunk g, g = 0..pp * chunks_per_stage - 1
     split_backward: bool
-    steps: tuple[tuple[Step, ...], ...]  # per stage, (kind, microbatch, local chunk) in run order
+    # per stage, rows (pass code F_CODE / B_CODE / W_CODE, micro-batch, local chunk) in run order:
+    # shape (pp, 3 x num_microbatches x chunks_per_stage, 3)
+    ops: np.ndarray
+
+    @cached_property
+    def steps(self) -> tuple[tuple[Step, ...], ...]:
+        """Per stage, (kind, microbatch, local chunk) in run order."""
+        return tuple(tuple((PASS_NAMES[k], mb, c) for k, mb, c in stage.tolist()) for stage in self.ops)
 
     def stage_chunks(self, stage: int) -> tuple[int, ...]:
         """Global chunks of ``stage`` in model order (local chunk c is entry c)."""
         return tuple(g for g, s in enumerate(self.placement) if s == stage)
 
 
+def _local_chunks(place: tuple[int, ...], pp: int) -> np.ndarray:
+    """(pp, chunks per stage) array: the global chunks of every stage in model order."""
+    return np.argsort(np.asarray(place, dtype=np.int64), kind="stable").reshape(pp, len(place) // pp)
+
+
 def is_file_schedule(schedule: str) -> bool:
     return schedule.startswith(FILE_PREFIX)
 
 
+@lru_cache(maxsize=1024)
 def placement(kind: str, pp: int, chunks: int) -> tuple[int, ...]:
     """Stage of every global chunk: "looping" (g % pp) or "zigzag" (down the stages and back)."""
     if kind == "looping":
@@ -168,6 +202,15 @@ def chunks_per_stage(schedule: str, virtual_stages: int) -> int:
     if is_file_schedule(schedule):
         return _load_file(schedule[len(FILE_PREFIX):])["chunks"]
     return virtual_stages
+
+
+def config_virtual_stages(schedule: str, chunks: int) -> int:
+    """The ``[parallel] virtual_stages`` that runs ``chunks`` chunks per stage (the inverse of
+    ``chunks_per_stage``: hanayo's value counts waves of 2 chunks; a schedule file's program holds
+    its own chunks, whatever the value)."""
+    if schedule == "hanayo":
+        return chunks // 2
+    return 1 if is_file_schedule(schedule) else chunks
 
 
 def splits_backward(schedule: str) -> bool:
@@ -223,125 +266,141 @@ def _check(schedule: str, pp: int, stage: int, num_microbatches: int, virtual_st
         )
 
 
-def _bfs(pp: int, m: int, v: int) -> list[list[Step]]:
+def _bfs(pp: int, m: int, v: int) -> np.ndarray:
     """Breadth-first looping (Lamy-Poirier 2022, arXiv 2211.05953): every micro-batch runs through
     local chunk 0, then all through chunk 1, ...; the backward visits the chunks in reverse, each
     for all micro-batches. A chunk's parameters are used by all micro-batches in one stretch, which
     is what lets FSDP gather them once per pass (``sim.training.analytic``)."""
-    ops: list[Step] = [("F", i, c) for c in range(v) for i in range(m)]
-    for c in reversed(range(v)):
-        for i in range(m):
-            ops.append(("B", i, c))
-            ops.append(("W", i, c))
-    return [list(ops) for _ in range(pp)]
+    i, c = np.tile(np.arange(m), v), np.repeat(np.arange(v), m)
+    back_c = np.repeat(np.arange(v)[::-1], 2 * m)
+    forward = _ops(np.full(m * v, F_CODE), i, c)
+    backward = _ops(np.tile([B_CODE, W_CODE], m * v), np.tile(np.repeat(np.arange(m), 2), v), back_c)
+    ops = np.concatenate([forward, backward])
+    return np.broadcast_to(ops, (pp,) + ops.shape)
 
 
 def _greedy(
     pp: int, m: int, place: tuple[int, ...], limits: list[int], split: bool, forward_first: bool = False
-) -> list[list[Step]]:
+) -> np.ndarray:
     """List-schedule the ops on unit-time uniform stages (F = B = W = 1, the setting of Qi et al.'s
     analysis): whenever a stage is free it runs, of the ops whose inputs have arrived, a B first
     (oldest micro-batch, deepest chunk), else an F if its activations fit under ``limits[stage]``
     chunk-activations (keeping room for the micro-batch's later chunks on the stage, so the oldest
-    micro-batch can always finish), else a pending W (the zero-bubble filler). Stages decide in time
-    order; with ``split`` False a B is followed by its W at once (fused backward)."""
+    micro-batch can always finish), else a pending W (the zero-bubble filler). With ``split`` False
+    a B is followed by its W at once (fused backward, 2 time units).
+
+    Times are integers, and an op started at time t ends after t, so what the stages free at t
+    choose cannot depend on one another: the stages are stepped through time together, each step
+    a few array operations over all stages (a stage's choice is the one of the event-by-event list
+    scheduler with stages deciding in (time, stage) order)."""
     chunks = len(place)
-    local = [[g for g in range(chunks) if place[g] == s] for s in range(pp)]
-    index_of = [local[place[g]].index(g) for g in range(chunks)]
-    later = [sum(1 for h in local[place[g]] if h > g) for g in range(chunks)]
-    f_done: list[list[float | None]] = [[None] * m for _ in range(chunks)]
-    b_done: list[list[float | None]] = [[None] * m for _ in range(chunks)]
-    next_f, next_b = [0] * chunks, [0] * chunks
-    pending_w: list[deque[tuple[float, int, int]]] = [deque() for _ in range(pp)]
-    free, held = [0.0] * pp, [0] * pp
-    steps: list[list[Step]] = [[] for _ in range(pp)]
-    remaining = 3 * m * chunks
-
-    def stage_choice(s: int) -> tuple[Any, ...] | None:
-        """((start time, stage), op) of the op stage ``s`` would run next, or None if none is ready."""
-        cands = []
-        for g in local[s]:
-            i = next_b[g]
-            if i < m and f_done[g][i] is not None and (g == chunks - 1 or b_done[g + 1][i] is not None):
-                ready = max(f_done[g][i], b_done[g + 1][i] if g < chunks - 1 else 0.0)  # type: ignore[type-var]
-                cands.append((ready, 1 if forward_first else 0, i, -g, "B", g))
-            i = next_f[g]
-            if i < m and (g == 0 or f_done[g - 1][i] is not None) and held[s] + 1 + later[g] <= limits[s]:
-                cands.append((f_done[g - 1][i] if g else 0.0, 0 if forward_first else 1, i, -g, "F", g))
-        if pending_w[s]:
-            ready, i, g = pending_w[s][0]
-            cands.append((ready, 2, i, -g, "W", g))
-        if not cands:
-            return None
-        t = max(free[s], min(c[0] for c in cands))
-        return (t, s), min((c for c in cands if c[0] <= t), key=lambda c: c[1:4])
-
-    # A stage's choice depends on its own state and on its chunks' neighbours: after an op of chunk g
-    # only its stage and the stage of g + 1 (after an F) or g - 1 (after a B) can choose differently.
-    # The stages' choices sit in a heap by (start time, stage); an entry is stale once its stage chose anew.
-    heap: list[tuple[tuple[float, int], int, tuple[Any, ...]]] = []
-    version = [0] * pp
-    dirty = set(range(pp))
-    while remaining:
-        for s in dirty:
-            version[s] += 1
-            made = stage_choice(s)
-            if made is not None:
-                heapq.heappush(heap, (made[0], version[s], made[1]))
-        while heap and heap[0][1] != version[heap[0][0][1]]:
-            heapq.heappop(heap)
-        if not heap:
-            raise InvalidPlanError(f"schedule cannot proceed under its activation limits {limits} (pp = {pp}, m = {m})")
-        key, _, choice = heapq.heappop(heap)
-        best = (key, key[1], choice)
-        (t, _), s, (_, _, i, _, kind, g) = best
-        c = index_of[g]
-        if kind == "F":
-            end = t + 1.0
-            f_done[g][i] = end
-            next_f[g] += 1
-            held[s] += 1
-            steps[s].append(("F", i, c))
-            remaining -= 1
-        elif kind == "B":
-            end = t + (1.0 if split else 2.0)
-            b_done[g][i] = t + 1.0 if split else end
-            next_b[g] += 1
-            held[s] -= 1
-            steps[s].append(("B", i, c))
-            remaining -= 1
-            if split:
-                pending_w[s].append((t + 1.0, i, g))
-            else:
-                steps[s].append(("W", i, c))
-                remaining -= 1
+    per_stage = chunks // pp
+    local = _local_chunks(place, pp)
+    index_of = np.empty(chunks, dtype=np.int64)
+    index_of[local.ravel()] = np.tile(np.arange(per_stage), pp)
+    later = per_stage - 1 - index_of  # the stage's chunks after g (room kept for them)
+    chunk_ids = np.arange(chunks)
+    # ends[0] of forwards, ends[1] of backwards, per (chunk, micro-batch); row ``chunks`` is always
+    # ready (chunk 0 waits for no forward, the last chunk for no backward)
+    never = np.iinfo(np.int64).max
+    ends = np.full((2, chunks + 1, m), never, dtype=np.int64)
+    ends[:, chunks] = -1
+    f_wait = np.where(chunk_ids > 0, chunk_ids - 1, chunks)  # forward of g waits for g - 1's
+    b_wait = np.where(chunk_ids < chunks - 1, chunk_ids + 1, chunks)  # backward of g for g + 1's
+    following = np.zeros((2, chunks), dtype=np.int64)  # next forward / backward micro-batch per chunk
+    limit = np.asarray(limits, dtype=np.int64)
+    held = np.zeros(pp, dtype=np.int64)
+    free = np.zeros(pp, dtype=np.int64)
+    total = 3 * m * per_stage
+    out = np.zeros((3, pp, total), dtype=np.int64)  # pass code, micro-batch, local chunk
+    done = np.zeros(pp, dtype=np.int64)
+    # pending W per stage (micro-batch, chunk) in B order: a queue with head and tail
+    queue = np.zeros((2, pp, m * per_stage), dtype=np.int64)
+    head = np.zeros(pp, dtype=np.int64)
+    tail = np.zeros(pp, dtype=np.int64)
+    # choice keys: (class, micro-batch, deepest chunk first) as one integer; B before F unless forward_first
+    span = m * chunks
+    b_class, f_class = (span, 0) if forward_first else (0, span)
+    no_choice = 3 * span
+    depth = chunks - 1 - local  # smaller key for the deeper chunk
+    columns = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE), [W_CODE]])
+    column_chunk = np.concatenate([np.arange(per_stage), np.arange(per_stage), [0]])
+    b_duration = 1 if split else 2
+    t = 0
+    while True:
+        unfinished = done < total
+        act = np.flatnonzero(unfinished & (free <= t))
+        if len(act):
+            g = local[act]
+            ib, jf = following[1, g], following[0, g]
+            ibc, jfc = np.minimum(ib, m - 1), np.minimum(jf, m - 1)
+            ok_b = (ib < m) & (ends[0, g, ibc] <= t) & (ends[1, b_wait[g], ibc] <= t)
+            ok_f = (jf < m) & (ends[0, f_wait[g], jfc] <= t) & (held[act, None] + 1 + later[g] <= limit[act, None])
+            keys = np.concatenate([
+                np.where(ok_b, b_class + ib * chunks + depth[act], no_choice),
+                np.where(ok_f, f_class + jf * chunks + depth[act], no_choice),
+                np.where(head[act] < tail[act], 2 * span, no_choice)[:, None],
+            ], axis=1)
+            column = keys.argmin(axis=1)
+            rows = np.flatnonzero(keys[np.arange(len(act)), column] < no_choice)
         else:
-            end = t + 1.0
-            pending_w[s].popleft()
-            steps[s].append(("W", i, c))
-            remaining -= 1
-        free[s] = end
-        dirty = {s}
-        if kind == "F" and g < chunks - 1:
-            dirty.add(place[g + 1])
-        elif kind == "B" and g > 0:
-            dirty.add(place[g - 1])
-    return steps
+            rows = act
+        if not len(rows):
+            later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
+            if not len(later_free):
+                raise InvalidPlanError(f"schedule cannot proceed under its activation limits {limits} (pp = {pp}, m = {m})")
+            t = int(later_free.min())
+            continue
+        stages, column = act[rows], column[rows]
+        kind = columns[column]
+        is_w = kind == W_CODE
+        chosen = g[rows, column_chunk[column]]
+        pass_index = np.where(kind == F_CODE, 0, 1)  # F: ends[0], B: ends[1] (W: unused)
+        microbatch = following[pass_index, chosen]
+        if is_w.any():
+            w_stages = stages[is_w]
+            microbatch[is_w] = queue[0, w_stages, head[w_stages]]
+            chosen[is_w] = queue[1, w_stages, head[w_stages]]
+            head[w_stages] += 1
+        fb = ~is_w
+        fb_stages, fb_chunk, fb_pass, fb_mb = stages[fb], chosen[fb], pass_index[fb], microbatch[fb]
+        is_b = fb_pass == 1
+        ends[fb_pass, fb_chunk, fb_mb] = t + np.where(is_b, b_duration, 1)
+        following[fb_pass, fb_chunk] += 1
+        held[fb_stages] += 1 - 2 * is_b
+        out[:, stages, done[stages]] = (kind, microbatch, index_of[chosen])
+        done[stages] += 1
+        free[stages] = t + 1
+        b_stages = fb_stages[is_b]
+        if split:
+            queue[:, b_stages, tail[b_stages]] = (fb_mb[is_b], fb_chunk[is_b])
+            tail[b_stages] += 1
+        elif len(b_stages):
+            slot = done[b_stages]
+            out[0, b_stages, slot] = W_CODE
+            out[1:, b_stages, slot] = (fb_mb[is_b], index_of[fb_chunk[is_b]])
+            done[b_stages] += 1
+            free[b_stages] = t + 2
+        if not (done < total).any():
+            break
+        t += 1
+    return np.ascontiguousarray(out.transpose(1, 2, 0))
 
 
-def _generate(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, ...], list[list[Step]]]:
-    """(placement, per-stage steps) of a named schedule."""
+def _generate(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, ...], np.ndarray]:
+    """(placement, per-stage ops: ``Program.ops``) of a named schedule."""
     if schedule == "gpipe":
-        return placement("looping", pp, 1), [_gpipe(m) for _ in range(pp)]
+        ops = _gpipe(m)
+        return placement("looping", pp, 1), np.broadcast_to(ops, (pp,) + ops.shape)
     if schedule == "1f1b" or (schedule == "interleaved" and v == 1):
         # interleaving with one chunk per stage is plain 1F1B (Megatron-LM picks the same schedule)
-        return placement("looping", pp, 1), [_one_f_one_b(pp, s, m, deferred_w=0) for s in range(pp)]
+        return placement("looping", pp, 1), np.stack([_one_f_one_b(pp, s, m, deferred_w=0) for s in range(pp)])
     if schedule == "interleaved":
-        return placement("looping", pp, v), [_interleaved(pp, s, m, v) for s in range(pp)]
+        return placement("looping", pp, v), np.stack([_interleaved(pp, s, m, v) for s in range(pp)])
     if schedule == "zb-h1":
         # ZB-H1 (Qi et al. ICLR'24, arXiv 2401.10241, Fig. 3): the F/B order and peak of 1F1B, with
         # the W of the first ``stage`` micro-batches deferred to the end (PaddlePaddle's ZBH1 job list)
-        return placement("looping", pp, 1), [_one_f_one_b(pp, s, m, deferred_w=min(s, m)) for s in range(pp)]
+        return placement("looping", pp, 1), np.stack([_one_f_one_b(pp, s, m, deferred_w=min(s, m)) for s in range(pp)])
     if schedule == "bfs":
         return placement("looping", pp, v), _bfs(pp, m, v)
     if schedule == "zb-h2":
@@ -445,17 +504,41 @@ def _adjacent(a: int, b: int, pp: int) -> bool:
     return a == b or (a - b) % pp in (1, pp - 1)
 
 
-def validate_program(program: Program) -> None:
+def _check_ops(program: Program) -> None:
     """Every (pass, micro-batch, chunk) exactly once per stage, F before B before W (W right after B
-    without ``split_backward``), chunk neighbours on the same or adjacent stages, and no deadlock
-    (``_execute`` raises). Raises ``InvalidPlanError`` naming the first violation."""
+    without ``split_backward``), chunk neighbours on the same or adjacent stages (the deadlock check
+    is the execution's). Raises ``InvalidPlanError`` naming the first violation."""
     pp, m, v = program.pp, program.num_microbatches, program.chunks_per_stage
     name = program.schedule
     for g in range(len(program.placement) - 1):
         a, b = program.placement[g], program.placement[g + 1]
         if not _adjacent(a, b, pp):
             raise InvalidPlanError(f"schedule {name!r}: chunks {g} and {g + 1} sit on stages {a} and {b}, which are not adjacent")
-    for s, ops in enumerate(program.steps):
+    if not _ops_in_order(program.ops, m, v, program.split_backward):
+        _name_the_violation(name, program.steps, m, v, program.split_backward)
+
+
+def _ops_in_order(ops: np.ndarray, m: int, v: int, split_backward: bool) -> bool:
+    """Whether every stage's rows hold each (pass, micro-batch, chunk) once, F before B before W
+    and, without ``split_backward``, each W right after its B (whole-array checks)."""
+    pp, n, _ = ops.shape
+    if n != 3 * m * v:
+        return False
+    kind, mb, chunk = ops[:, :, 0], ops[:, :, 1], ops[:, :, 2]
+    if not ((mb >= 0) & (mb < m) & (chunk >= 0) & (chunk < v)).all():
+        return False
+    ids = (kind * m + mb) * v + chunk  # F ids, then B ids, then W ids
+    if not (np.sort(ids, axis=1) == np.arange(n)).all():
+        return False
+    position = np.empty((pp, n), dtype=np.int64)
+    position[np.arange(pp)[:, None], ids] = np.arange(n)
+    f, b, w = position[:, : m * v], position[:, m * v : 2 * m * v], position[:, 2 * m * v :]
+    return bool((f < b).all() and (b < w).all() and (split_backward or (w == b + 1).all()))
+
+
+def _name_the_violation(name: str, steps: Any, m: int, v: int, split_backward: bool) -> None:
+    """Raise ``InvalidPlanError`` naming the first op that breaks ``_ops_in_order``'s rules."""
+    for s, ops in enumerate(steps):
         position: dict[Step, int] = {}
         for k, op in enumerate(ops):
             kind, mb, c = op
@@ -474,11 +557,11 @@ def validate_program(program: Program) -> None:
                 f, b, w = position[("F", mb, c)], position[("B", mb, c)], position[("W", mb, c)]
                 if not f < b < w:
                     raise InvalidPlanError(f"schedule {name!r}: stage {s} must run F{mb}.{c} before B{mb}.{c} before W{mb}.{c}")
-                if not program.split_backward and w != b + 1:
+                if not split_backward and w != b + 1:
                     raise InvalidPlanError(
                         f"schedule {name!r}: W{mb}.{c} must follow B{mb}.{c} at once on stage {s} unless split_backward = true"
                     )
-    _execute(program)
+    raise InvalidPlanError(f"schedule {name!r}: the program breaks the op rules")  # pragma: no cover - the checks agree
 
 
 Vector = tuple[int, int, int]  # ops on a path: (F, B, W) counts in chunk ops
@@ -501,11 +584,8 @@ def _pareto(vectors: tuple[Vector, ...]) -> tuple[Vector, ...]:
     return tuple(kept)
 
 
-# A node's paths: per tracked weighting (rows), the score and the (F, B, W) op counts of the longest
-# path ending at the node (columns score, F, B, W) as one int64 array, so each op of the executor's
-# loop is a few whole-array operations rather than a Python loop over the weightings.
-Paths = np.ndarray
-_ZERO: Paths = np.zeros((len(_WEIGHTS), 4), dtype=np.int64)
+# What one op adds to a path at every tracked weighting: rows (weighted time, F, B, W counts), as
+# one int64 array so that the executor updates all weightings of many ops in one operation.
 _WEIGHT_MATRIX = np.array(_WEIGHTS, dtype=np.int64)
 
 
@@ -521,78 +601,192 @@ _F_STEP, _W_STEP = _step(1, 0, 0), _step(0, 0, 1)
 _B_STEP = {True: _step(0, 1, 1), False: _step(0, 1, 0)}  # fused B+W, or B alone
 
 
-def _longer(a: Paths, b: Paths) -> Paths:
-    """Per weighting, the longer of the two paths (``a`` on ties)."""
-    return a if a is b else np.where((a[:, 0] >= b[:, 0])[:, None], a, b)
+def _occupancy(ops: np.ndarray, local_to_global: np.ndarray, chunks: int) -> tuple[tuple[int, ...], int]:
+    """(Peak held chunk-activations per stage, peak micro-batches held by the last chunk): +1 at the
+    end of F, -1 at the end of B, counted in each stage's run order."""
+    kind = ops[:, :, 0]
+    delta = (kind == F_CODE).astype(np.int64) - (kind == B_CODE)
+    held = np.cumsum(delta, axis=1)
+    peak = np.maximum(held.max(axis=1, initial=0), 0)
+    is_last = local_to_global[np.arange(len(ops))[:, None], ops[:, :, 2]] == chunks - 1
+    last_held = np.cumsum(delta * is_last, axis=1)
+    return tuple(int(x) for x in peak), max(0, int(last_held.max(initial=0)))
 
 
-@lru_cache(maxsize=8)  # validation and ``program_profile`` execute the same program back to back
-def _execute(program: Program) -> tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int, tuple[tuple[Vector, ...], ...]]:
+# (per stage the Pareto-maximal op counts of the paths to its last op's end, peak held
+# chunk-activations per stage, peak micro-batches held by the last chunk, per stage the same counts
+# of the paths to the start of its first op)
+Execution = tuple[tuple[tuple[Vector, ...], ...], tuple[int, ...], int, tuple[tuple[Vector, ...], ...]]
+
+
+def _execute(program: Program) -> Execution:
     """Run the program with its dependencies (F after the previous chunk's F, B after the next
     chunk's B, or its fused B+W) on uniform stages, tracking for every op the longest path ending at
     it at each of the ``_WEIGHTS`` op-time ratios. Returns (per stage, the Pareto-maximal (F, B, W) op
     counts of those paths to the stage's last op, peak held chunk-activations per stage, peak
     micro-batches held by the last chunk, per stage the same counts of the paths to the start of its
     first op). Raises ``InvalidPlanError`` on a deadlock."""
-    pp = program.pp
-    chunks = len(program.placement)
-    global_of = [program.stage_chunks(s) for s in range(pp)]
-    f_paths: dict[tuple[int, int], Paths] = {}
-    b_paths: dict[tuple[int, int], Paths] = {}
-    pointer = [0] * pp
-    last: list[Paths] = [_ZERO] * pp
-    first: list[Paths] = [_ZERO] * pp  # the path to the start of each stage's first op
-    held, peak = [0] * pp, [0] * pp
-    last_held = last_peak = 0
-    fused = 0 if program.split_backward else 1
-    b_step = _B_STEP[bool(fused)]
-    progressed = True
-    while any(pointer[s] < len(program.steps[s]) for s in range(pp)):
-        if not progressed:
-            stuck = [
-                "stage {} at {}{}.{}".format(s, *program.steps[s][pointer[s]])
-                for s in range(pp) if pointer[s] < len(program.steps[s])
-            ]
-            raise InvalidPlanError(f"schedule {program.schedule!r} deadlocks: {'; '.join(stuck)} wait for inputs that never come")
-        progressed = False
-        for s in range(pp):
-            ops = program.steps[s]
-            while pointer[s] < len(ops):
-                kind, mb, c = ops[pointer[s]]
-                g = global_of[s][c]
-                if kind == "F":
-                    dep = f_paths.get((g - 1, mb)) if g > 0 else _ZERO
-                    if dep is None:
-                        break
-                    if pointer[s] == 0:
-                        first[s] = dep
-                    paths = _longer(last[s], dep) + _F_STEP
-                    f_paths[(g, mb)] = paths
-                    held[s] += 1
-                    peak[s] = max(peak[s], held[s])
-                    if g == chunks - 1:
-                        last_held += 1
-                        last_peak = max(last_peak, last_held)
-                elif kind == "B":
-                    dep = b_paths.get((g + 1, mb)) if g < chunks - 1 else _ZERO
-                    if dep is None:
-                        break
-                    if pointer[s] == 0:
-                        first[s] = dep
-                    paths = _longer(last[s], dep) + b_step
-                    b_paths[(g, mb)] = paths
-                    held[s] -= 1
-                    if g == chunks - 1:
-                        last_held -= 1
-                    pointer[s] += fused  # the W right after a fused B is part of it
-                else:
-                    paths = last[s] + _W_STEP
-                last[s] = paths
-                pointer[s] += 1
-                progressed = True
-    stage_ends = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in last)
-    stage_starts = tuple(_pareto(tuple(tuple(int(x) for x in row[1:]) for row in paths)) for paths in first)
-    return stage_ends, tuple(peak), last_peak, stage_starts
+    return _execute_all([program])[0]
+
+
+def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None) -> list[Execution]:
+    """``_execute`` of several programs in one run: their stages side by side as lanes of one array.
+
+    The ops run as soon as possible one time unit each, every lane stepped together: the ops
+    started in one step depend on none of each other, so each step updates the paths of all of
+    them with a few array operations. A path's value at an op is the longer of the lane's previous
+    op's path and the path of the op it waits for (the lane's own on ties), plus the op. A deadlock
+    (no lane can go on) is raised for a single program; with several each is run alone to find it.
+    ``record`` (one program): receives, per step, the ops started, each one's lane predecessor and
+    the op it waited for (``len(kind)``: none) - the program's dependency graph in levels."""
+    kinds, mbs, globals_, lanes, wheres, slot_bases = [], [], [], [], [], []
+    occupancy, lane_count, slot_count = [], 0, 0
+    for program in programs:
+        pp, m = program.pp, program.num_microbatches
+        chunks = len(program.placement)
+        ops = program.ops
+        local_to_global = _local_chunks(program.placement, pp)
+        occupancy.append(_occupancy(ops, local_to_global, chunks))
+        stage_of = np.repeat(np.arange(pp), ops.shape[1])
+        flat = ops.reshape(-1, 3)
+        kind, mb = flat[:, 0], flat[:, 1]
+        g = local_to_global[stage_of, flat[:, 2]]
+        where = np.tile(np.arange(ops.shape[1]), pp)  # position in the stage's program (for messages)
+        if not program.split_backward:  # the W right after a fused B is part of it
+            keep = kind != W_CODE
+            kind, mb, g, stage_of, where = kind[keep], mb[keep], g[keep], stage_of[keep], where[keep]
+            kind = np.where(kind == B_CODE, 3, kind)  # 3: fused B + W
+        kinds.append(kind)
+        mbs.append(mb)
+        globals_.append(g)
+        lanes.append(stage_of + lane_count)
+        wheres.append(where)
+        slot_bases.append(slot_count)
+        lane_count += pp
+        slot_count += 2 * chunks * m
+    kind, mb, g, lane, where = (np.concatenate(x) for x in (kinds, mbs, globals_, lanes, wheres))
+    # path slots: F of (g, mb) and B of (g, mb) of each program, a zero path (nothing to wait for), a sink for W
+    zero_slot, sink = slot_count, slot_count + 1
+    per_op = [np.full(len(k), x, dtype=np.int64) for k, x in zip(kinds, slot_bases)]
+    base = np.concatenate(per_op)
+    ms = np.concatenate([np.full(len(k), p.num_microbatches, dtype=np.int64) for k, p in zip(kinds, programs)])
+    cs = np.concatenate([np.full(len(k), len(p.placement), dtype=np.int64) for k, p in zip(kinds, programs)])
+    is_f, is_b = kind == F_CODE, (kind == B_CODE) | (kind == 3)
+    out_slot = np.where(is_f, base + g * ms + mb, np.where(is_b, base + (cs + g) * ms + mb, sink))
+    wait_slot = np.full(len(kind), zero_slot, dtype=np.int64)
+    waits_f, waits_b = is_f & (g > 0), is_b & (g < cs - 1)
+    wait_slot[waits_f] = (base + (g - 1) * ms + mb)[waits_f]
+    wait_slot[waits_b] = (base + (cs + g + 1) * ms + mb)[waits_b]
+    counts = np.bincount(lane, minlength=lane_count)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    # int32: a path's weighted time is at most 6 x its ops (< 2**31 for any program validation admits)
+    paths = np.zeros((sink + 1, len(_WEIGHTS), 4), dtype=np.int32)
+    ends = np.full(sink + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    ends[zero_slot] = -1
+    steps = np.stack([_F_STEP, _B_STEP[False], _W_STEP, _B_STEP[True]]).astype(np.int32)
+    last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)
+    starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)  # the path to each lane's first op's start
+    pointer = np.zeros(lane_count, dtype=np.int64)
+    producer = np.full(sink + 1, len(kind), dtype=np.int64)  # the op that filled each path slot (none: len(kind))
+    t = 0
+    while True:
+        active = np.flatnonzero(pointer < counts)
+        if not len(active):
+            break
+        op = first[active] + pointer[active]
+        waits = wait_slot[op]
+        ready = ends[waits] <= t
+        if not ready.all():
+            if not ready.any():
+                if len(programs) > 1:
+                    return [_execute_all([program])[0] for program in programs]
+                program = programs[0]
+                stuck = [
+                    "stage {} at {}{}.{}".format(int(s), PASS_NAMES[k], mb_, c)
+                    for s, (k, mb_, c) in zip(active, program.ops[active, where[op]].tolist())
+                ]
+                raise InvalidPlanError(
+                    f"schedule {program.schedule!r} deadlocks: {'; '.join(stuck)} wait for inputs that never come"
+                )
+            active, op, waits = active[ready], op[ready], waits[ready]
+        own, other = last[active], paths[waits]
+        if record is not None:
+            record.append((op, np.where(pointer[active] > 0, op - 1, len(kind)), producer[waits]))
+        beginning = pointer[active] == 0
+        if beginning.any():
+            starts[active[beginning]] = other[beginning]
+        longer = np.where((own[:, :, 0] >= other[:, :, 0])[:, :, None], own, other) + steps[kind[op]]
+        last[active] = longer
+        slot = out_slot[op]
+        paths[slot] = longer
+        ends[slot] = t + 1
+        if record is not None:
+            producer[slot] = op
+        pointer[active] += 1
+        t += 1
+    out: list[Execution] = []
+    start = 0
+    for program, (peak, last_peak) in zip(programs, occupancy):
+        stage_ends = tuple(
+            _pareto(tuple(tuple(int(x) for x in row[1:]) for row in stage)) for stage in last[start : start + program.pp]
+        )
+        stage_starts = tuple(
+            _pareto(tuple(tuple(int(x) for x in row[1:]) for row in stage)) for stage in starts[start : start + program.pp]
+        )
+        out.append((stage_ends, peak, last_peak, stage_starts))
+        start += program.pp
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgramGraph:
+    """A program's ops as a dependency graph in levels, for its longest paths on stages that differ
+    (``longest_paths``): every op of a level depends only on ops of earlier levels (the steps of
+    ``_execute_all``'s unit-time run)."""
+
+    slot: np.ndarray  # per op, its (stage, local chunk, kind F/B/W/fused B+W) price index
+    prev: np.ndarray  # per op, the stage's previous op (n = none: the zero sentinel)
+    dep: np.ndarray  # per op, the op of another chunk it waits for (n = none)
+    levels: tuple[np.ndarray, ...]  # op indices per level
+    last: np.ndarray  # per stage, its last op
+    first_dep: np.ndarray  # per stage, what its first op waits for (n = none: it starts at 0)
+
+    def longest_paths(self, price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start, finish) of every stage when each op takes ``price[slot]`` seconds and starts as
+        soon as its stage's previous op and its input are done: the program's longest paths."""
+        end = np.zeros(len(self.slot) + 1)
+        duration = price[self.slot]
+        prev, dep = self.prev, self.dep
+        for ops in self.levels:
+            end[ops] = np.maximum(end[prev[ops]], end[dep[ops]]) + duration[ops]
+        return end[self.first_dep], end[self.last]
+
+
+@lru_cache(maxsize=256)
+def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramGraph:
+    """The program's dependency graph in levels (``ProgramGraph``), for pricing its longest paths on
+    stages that differ: the program executed once more, recording each op's predecessors; cached."""
+    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
+    steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    _execute_all([program], steps)
+    v = program.chunks_per_stage
+    ops = program.ops
+    stage_of = np.repeat(np.arange(pp), ops.shape[1])
+    flat = ops.reshape(-1, 3)
+    kind, chunk = flat[:, 0], flat[:, 2]
+    if not program.split_backward:  # as _execute_all: a fused B + W is one op
+        keep = kind != W_CODE
+        kind, chunk, stage_of = np.where(kind[keep] == B_CODE, 3, kind[keep]), chunk[keep], stage_of[keep]
+    n = len(kind)
+    prev, dep = np.full(n, n, dtype=np.int64), np.full(n, n, dtype=np.int64)
+    for op, before, waited in steps:
+        prev[op], dep[op] = before, waited
+    counts = np.bincount(stage_of, minlength=pp)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return ProgramGraph(
+        slot=(stage_of * v + chunk) * 4 + kind, prev=prev, dep=dep, levels=tuple(op for op, _, _ in steps),
+        last=np.where(counts > 0, first + counts - 1, n), first_dep=np.where(counts > 0, dep[np.minimum(first, n - 1)], n),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -619,10 +813,8 @@ class ProgramProfile:
         return self.peak_held_chunks[stage] / self.chunks_per_stage
 
 
-@lru_cache(maxsize=4096)
-def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> Program:
-    """The validated program of ``schedule`` on ``pp`` stages with ``num_microbatches`` micro-batches
-    and ``virtual_stages`` chunks per stage (``chunks_per_stage``); cached."""
+def _built_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> Program:
+    """The program of a named schedule or a schedule file, its ops checked (not yet executed)."""
     _check(schedule, pp, 0, num_microbatches, virtual_stages)
     m, v = num_microbatches, virtual_stages
     if is_file_schedule(schedule):
@@ -633,24 +825,100 @@ def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stag
             raise InvalidPlanError(f"{schedule}: the program runs {content['m']} micro-batches; this job has {m}")
         if content["chunks"] != v:
             raise InvalidPlanError(f"{schedule}: the program runs {content['chunks']} chunks per stage, not {v}")
-        place, steps = content["placement"], [list(ops) for ops in content["stages"]]
+        place, stages = content["placement"], content["stages"]
         split = content["split_backward"]
+        if any(len(ops) != 3 * m * v for ops in stages):
+            _name_the_violation(schedule, stages, m, v, split)
+        ops = np.array([[("FBW".index(k), mb, c) for k, mb, c in stage] for stage in stages], dtype=np.int64)
     else:
-        place, steps = _generate(schedule, pp, m, v)
+        place, ops = _generate(schedule, pp, m, v)
         split = schedule in _SPLIT
     program = Program(
         schedule=schedule, pp=pp, num_microbatches=m, chunks_per_stage=v, placement=tuple(place),
-        split_backward=split, steps=tuple(tuple(ops) for ops in steps),
+        split_backward=split, ops=ops,
     )
-    validate_program(program)
+    _check_ops(program)
     return program
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16)  # the DES and a profile of the same program come back to back
+def _checked_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> tuple[Program, Execution]:
+    """The program and its execution on unit stages (``_execute``), validated."""
+    program = _built_program(schedule, pp, num_microbatches, virtual_stages)
+    return program, _execute(program)  # a deadlock raises
+
+
+def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> Program:
+    """The validated program of ``schedule`` on ``pp`` stages with ``num_microbatches`` micro-batches
+    and ``virtual_stages`` chunks per stage (``chunks_per_stage``)."""
+    return _checked_program(schedule, pp, num_microbatches, virtual_stages)[0]
+
+
+ProgramKey = tuple[str, int, int, int]  # (schedule, pp, num_microbatches, virtual_stages)
+_PROFILES: dict[ProgramKey, ProgramProfile] = {}
+MAX_PROFILES = 4096  # profiles kept (then the table is emptied: results never depend on it)
+# programs executed together by ``prepare_program_profiles``: at most this many path slots at once
+# (each 400 bytes) and this many stages
+_BATCH_SLOTS, _BATCH_LANES = 1 << 19, 4096
+
+
+def _remember(key: ProgramKey, program: Program, execution: Execution) -> ProgramProfile:
+    if len(_PROFILES) >= MAX_PROFILES:
+        _PROFILES.clear()
+    profile = _PROFILES[key] = _profile(program, execution)
+    return profile
+
+
 def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramProfile:
-    """``ProgramProfile`` of ``schedule_program(...)``, computed once per (schedule, pp, m, v)."""
-    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
-    stage_paths, peak, last_peak, start_paths = _execute(program)
+    """``ProgramProfile`` of ``schedule_program(...)``, computed once per (schedule, pp, m, v); raises
+    ``InvalidPlanError`` as ``schedule_program`` does (plan validation calls it: the profile, not the
+    program, is what a plan search keeps of each program)."""
+    key = (schedule, pp, num_microbatches, virtual_stages)
+    profile = _PROFILES.get(key)
+    if profile is None:
+        profile = _remember(key, *_checked_program(*key))
+    return profile
+
+
+def prepare_program_profiles(keys: Any) -> None:
+    """Compute the ``program_profile`` of many (schedule, pp, m, v) keys at once: each program is
+    generated and checked alone, and their executions run together (``_execute_all``, programs of
+    similar length side by side), which costs far fewer array steps than one by one. Keys whose
+    program is invalid are left out (``program_profile`` raises for them when asked)."""
+    built: list[tuple[ProgramKey, Program]] = []
+    for key in dict.fromkeys(keys):
+        if key in _PROFILES:
+            continue
+        try:
+            built.append((key, _built_program(*key)))
+        except InvalidPlanError:
+            continue
+    built.sort(key=lambda item: (item[1].ops.shape[1], item[0]))
+    group: list[tuple[ProgramKey, Program]] = []
+    slots = lanes = 0
+    for item in built + [None]:  # type: ignore[list-item]
+        if item is not None:
+            program = item[1]
+            need = 2 * len(program.placement) * program.num_microbatches
+            if not group or (slots + need <= _BATCH_SLOTS and lanes + program.pp <= _BATCH_LANES):
+                group.append(item)
+                slots, lanes = slots + need, lanes + program.pp
+                continue
+        if group:
+            try:
+                executions = _execute_all([program for _, program in group])
+            except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
+                executions = []
+            for (key, program), execution in zip(group, executions):
+                _remember(key, program, execution)
+        if item is None:
+            break
+        group, slots, lanes = [item], need, item[1].pp
+
+
+def _profile(program: Program, execution: Execution) -> ProgramProfile:
+    stage_paths, peak, last_peak, start_paths = execution
+    pp, virtual_stages = program.pp, program.chunks_per_stage
     paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)

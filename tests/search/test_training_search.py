@@ -239,3 +239,18 @@ def test_narayanan_table1_row_best_beats_the_published_plan() -> None:
     config["search"] = {"goal": "training", "top_k": 2, "sequence_parallel": [False, True], "micro_batch": [1, 2, 4]}
     best = run_search(config, SearchOptions(workers=1)).to_json()["best"]
     assert best["metrics"]["tokens_per_s"] >= published["tokens_per_s"]
+
+
+@pytest.mark.parametrize(("schedule", "chunks"), [("hanayo", 4), ("zb-v", 2), ("interleaved", 3), ("1f1b", 1)])
+def test_candidate_config_runs_the_candidates_chunks(schedule: str, chunks: int) -> None:
+    # a candidate's virtual_stages counts chunks per stage; hanayo's [parallel] value counts waves
+    from search.training_space import Candidate, build_setup, candidate_config, context_setup, parse_space
+
+    config = copy.deepcopy(SMALL)
+    config["model"] = {"name": "gpt3-1.7b"}
+    space = parse_space(config)
+    context = space.contexts[0]
+    candidate = Candidate(0, 64, 1, 1, 4, 1, 1, 0, schedule, chunks, "none", False, "none", False, False, "ring")
+    plan = parse_training(candidate_config(context, candidate)).plan
+    assert plan == build_setup(context_setup(context), candidate).plan
+    assert plan.virtual_stages == chunks
