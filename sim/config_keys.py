@@ -30,6 +30,11 @@ PUBLISHED_METRICS = {
     "iteration_time_s": ("iteration time (s)", "iteration_time_s", 1.0),
     "tokens_per_s": ("tokens/s", "tokens_per_s", 1.0),
     "mfu": ("MFU", "mfu", 1.0),
+    # the same under the full-attention (PaLM Appendix B) FLOP convention: for publications that count
+    # attention without the causal halving (docs/outputs.md, mfu_full_attention)
+    "model_tflops_per_gpu_full_attention": (
+        "model TFLOP/s per GPU, full attn.", "model_flops_full_attention_per_s_per_gpu", 1e-12),
+    "mfu_full_attention": ("MFU, full attention", "mfu_full_attention", 1.0),
     "output_tokens_per_s": ("output tokens/s", "output_tokens_per_s", 1.0),
     "request_throughput_per_s": ("requests/s", "request_throughput_per_s", 1.0),
 }

@@ -6,9 +6,11 @@ stages, as op counts, priced with the stages' F, B and W (``_program_time``). Ex
 stages without overlap, where it must agree with the DES to 1 %: GPipe and 1F1B take
 (m + p - 1)(F + B + W) (Narayanan et al. 2021; Huang et al. 2019), interleaved 1F1B with v chunks
 m (F + B + W) + (p - 1)(F + B + W)/v, ZB-H1 m (F + B + W) + (p - 1)(F + B - W) (Qi et al. 2024).
-Non-uniform stages use the slowest stage for the steady state (and, with one chunk per stage and a
-fused backward, the sum over stages for fill and drain); each chunk boundary crossing in fill and
-drain adds a p2p transfer.
+Non-uniform stages: with one chunk per stage and a fused backward, the slowest stage for the steady
+state and the sum over stages for fill and drain; otherwise (split backward, several chunks) the
+longest paths of the program's dependency graph with every op at its own stage's chunk time
+(``schedules.program_graph``, level by level, memoized per price vector). Each chunk boundary
+crossing in fill and drain adds a p2p transfer.
 
 Stages come in few classes (with an even split all middle stages are alike), so the formula reads
 per-class terms (``StageTimes``, computed once per class) through a stage -> class map; the sums
@@ -18,10 +20,13 @@ over stages still run in stage order, so grouping changes no float.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
-from sim.training.schedules import ProgramProfile, amortises_gathers, program_profile, tiles_iterations
+import numpy as np
+
+from sim.training.schedules import ProgramProfile, amortises_gathers, program_graph, program_profile, tiles_iterations
 from sim.training.work import ChunkWork, CommWork, PipelineWork
 
 
@@ -198,7 +203,11 @@ def pipeline_phase(
             seconds_of.append(2.0 * seconds)
         for boundary in profile.p2p_boundaries:
             p2p += seconds_of[boundary]
-    pipeline = _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v) + p2p
+    spans = None
+    fused_one_chunk = v == 1 and all(f == b == w for f, b, w in profile.critical_paths)
+    if not fused_one_chunk and len({id(chunk_of[k]) for k in stage_class}) > 1:
+        spans = _priced_spans(schedule, chunk_of, stage_class, m, v)  # stages that differ
+    pipeline = (max(spans[1]) if spans else _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v)) + p2p
     busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
     critical = totals.index(max(totals))
@@ -221,9 +230,12 @@ def pipeline_phase(
     if tiles_iterations(schedule):
         # post-validation: each stage's own span, first op to last op, at the per-pass prices of the
         # split-backward closed form (below); the bubble is the idle share of the longest span
-        f, b, w = _pass_prices(chunk_of, stage_class, v)
-        finishes = _stage_finishes(profile, totals, m, v, f, b, w)
-        starts = tuple(max(nf * f + nb * b + nw * w for nf, nb, nw in begins) for begins in profile.stage_start_paths)
+        if spans:
+            starts, finishes = spans
+        else:
+            f, b, w = _pass_prices(chunk_of, stage_class, v)
+            finishes = _stage_finishes(profile, totals, m, v, f, b, w)
+            starts = tuple(max(nf * f + nb * b + nw * w for nf, nb, nw in begins) for begins in profile.stage_start_paths)
         span = max(end - start for end, start in zip(finishes, starts))
         bubble = 1.0 - sum(busy) / (p * span) if span > 0 else 0.0
         return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts)
@@ -257,6 +269,31 @@ def _program_time(
             return (k - p) * slowest + sum(totals)
         return k * slowest / v
     return max(_stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v)))
+
+
+def _priced_spans(
+    schedule: str, chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], m: int, v: int
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(start, finish) of every stage on stages that differ: the longest paths of the program's
+    dependency graph with every op at its own stage's chunk time (``schedules.program_graph``, a
+    max-plus pass level by level, as the DES runs it without communication). The uniform-stage
+    closed form would price every op at the slowest stage's chunk, idling a heavy stage whose
+    neighbours have slack as if all were as slow (a V schedule with the naive vocabulary placement
+    holds the embedding and the LM head on stage 0: a third too slow)."""
+    price: list[float] = []
+    for k in stage_class:
+        for chunk in chunk_of[k].chunks:
+            price += (chunk.forward_s, chunk.backward_input_s, chunk.backward_weight_s,
+                      chunk.backward_input_s + chunk.backward_weight_s)
+    return _longest_paths(schedule, len(stage_class), m, v, tuple(price))
+
+
+@lru_cache(maxsize=4096)  # a search prices plans that differ only in their data-parallel work alike
+def _longest_paths(
+    schedule: str, pp: int, m: int, v: int, price: tuple[float, ...]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    starts, finishes = program_graph(schedule, pp, m, v).longest_paths(np.array(price))
+    return tuple(starts.tolist()), tuple(finishes.tolist())
 
 
 def _pass_prices(chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], v: int) -> tuple[float, float, float]:

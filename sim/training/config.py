@@ -338,7 +338,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
 def _edge_layers(value: float, model: ModelSpec) -> int:
     """``fp8_bf16_edge_layers``: a whole number of layers, at most half the model at each end."""
     if value != int(value) or not 0 <= value <= model.layers // 2:
-        raise ConfigError(f"[training] fp8_bf16_edge_layers = {value!r} must be an integer in 0..{model.layers // 2} "
+        raise ConfigError(f"[training] fp8_bf16_edge_layers = {value:g} must be an integer in 0..{model.layers // 2} "
                           f"(half the {model.layers} layers of model {model.name})")
     return int(value)
 

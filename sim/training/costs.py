@@ -23,6 +23,7 @@ from sim.training.activations import layer_activation_parts, stored_activation_b
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork
+from workloads.plan import ParallelPlan
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.precision import bytes_per_element
 
@@ -129,6 +130,12 @@ def _sharding(setup: TrainingSetup) -> Sharding:
     )
 
 
+def cp_heads_split(plan: ParallelPlan) -> int:
+    """The factor context parallelism splits attention heads by: cp under Ulysses, cp_heads under
+    hybrid, 1 under ring / all-gather (they split the sequence only)."""
+    return plan.cp if plan.cp_comm == "ulysses" else plan.cp_heads if plan.cp_comm == "hybrid" else 1
+
+
 def attention_sequences(setup: TrainingSetup) -> tuple[tuple[tuple[int, int], ...], bool]:
     """(query, key) pairs of one rank's micro-batch and whether the kernel masks causally.
 
@@ -140,7 +147,7 @@ def attention_sequences(setup: TrainingSetup) -> tuple[tuple[tuple[int, int], ..
     s, b, cp = setup.job.seq_len, setup.job.micro_batch, setup.plan.cp
     window = setup.model.sliding_window
     # Ulysses attends over the whole sequence (heads split instead); hybrid over cp / cp_heads shards
-    heads_split = cp if setup.plan.cp_comm == "ulysses" else setup.plan.cp_heads if setup.plan.cp_comm == "hybrid" else 1
+    heads_split = cp_heads_split(setup.plan)
     if cp > 1 and heads_split == cp:  # the rank's cp shard regathered: b whole sequences
         return attention_sequences_full(s, b, window)
     if cp > 1:

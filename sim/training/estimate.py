@@ -143,14 +143,15 @@ def _evaluate(setup: TrainingSetup, keys: PricingKeys, cache: PricingCache) -> d
         phase, priced.chunks, priced.data_parallel, layout.stage_class, num_microbatches=priced.num_microbatches
     )
     job = setup.job
-    model_flops = cache.memo(
+    model_flops, full_attention = cache.memo(
         "model_flops",
         (keys.model, job.seq_len, job.global_batch, job.micro_batch, setup.plan.cp, setup.attention_kernel),
-        lambda: model_flops_per_iteration(setup),
+        lambda: (model_flops_per_iteration(setup), model_flops_per_iteration(setup, full_attention=True)),
     )
     return training_metrics(
         setup, estimate, peak_memory(setup, priced, cache),
         recompute_flops_per_replica=priced.recompute_flops_per_replica, fidelity="analytic", model_flops=model_flops,
+        model_flops_full_attention=full_attention,
     )
 
 

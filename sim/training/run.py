@@ -17,7 +17,7 @@ from sim.runner import RunOptions
 from sim.training.analytic import PipelineEstimate, analytic_iteration
 from sim.training.config import TrainingSetup, parse_training
 from sim.training.goodput import goodput_metrics
-from sim.training.costs import attention_sequences, group_links, layer_passes
+from sim.training.costs import attention_sequences, cp_heads_split, group_links, layer_passes
 from sim.training.iteration import IterationWork, build_iteration
 from sim.training.hetero import describe, peak_flops_per_s, setup_memory, stage_setup
 from sim.training.memory import MemoryBreakdown
@@ -27,25 +27,37 @@ AXES = ("tp", "pp", "dp", "cp", "ep")
 _TOTAL_BYTES = attrgetter("total_bytes")
 
 
-def model_flops_per_iteration(setup: TrainingSetup) -> float:
+def model_flops_per_iteration(setup: TrainingSetup, *, full_attention: bool = False) -> float:
     """Forward + backward matmul FLOPs without recompute (3 x forward), INTERFACE.md's convention:
     Narayanan et al. 2021 Eq. 3 without the recompute pass, 72 B s L h^2 (1 + s/6h + V/12hL) for GPT
     with GQA, SwiGLU and MoE top-k through ``ModelSpec.matmul_parameters_per_token``; the attention
     score and value FLOPs are the ones the time model prices (``costs.attention_sequences``): causal
     halving and sliding windows for fused (flash) kernels, the full score matrix for the unfused
-    kernels that compute and then mask it (Eq. 3's s/6h term), so MFU <= 1 holds at any length."""
+    kernels that compute and then mask it (Eq. 3's s/6h term), so MFU <= 1 holds at any length.
+
+    ``full_attention``: every query of a sequence against all its keys, no causal halving nor
+    sliding window, whatever the kernel: the PaLM convention (Chowdhery et al. 2022, Appendix B,
+    6 N + 12 L H Q T per token) that torchtitan's MFU uses ("we follow the convention and do not
+    account for sparsity in causal attention", torchtitan ``get_num_flop_per_token``)."""
     job, model, plan = setup.job, setup.model, setup.plan
     tokens = job.global_batch * job.seq_len
     matmul = 2.0 * model.matmul_parameters_per_token() * tokens
-    sequences, causal = attention_sequences(setup)
     if model.is_mla:
         qk, v = model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
     else:
         qk = v = model.head_dim
+    microbatches = job.global_batch / job.micro_batch
+    if full_attention:
+        whole = ((job.seq_len, job.seq_len),) * job.micro_batch
+        per_microbatch = cost.attention_flops(whole, heads=model.heads, head_dim=qk, causal=False, v_head_dim=v)
+        return 3.0 * (matmul + model.layers * per_microbatch * microbatches)
+    sequences, causal = attention_sequences(setup)
     if not setup.fused_attention:
         causal = False  # the unfused kernels compute every score of each (query, key) pair, then mask
-    per_microbatch_rank = cost.attention_flops(sequences, heads=model.heads, head_dim=qk, causal=causal, v_head_dim=v)
-    attention = model.layers * per_microbatch_rank * plan.cp * (job.global_batch / job.micro_batch)
+    # each of the cp ranks attends its sequences with heads / (the factor CP splits heads by)
+    heads = model.heads // cp_heads_split(plan)
+    per_microbatch_rank = cost.attention_flops(sequences, heads=heads, head_dim=qk, causal=causal, v_head_dim=v)
+    attention = model.layers * per_microbatch_rank * plan.cp * microbatches
     return 3.0 * (matmul + attention)
 
 
@@ -63,6 +75,7 @@ def training_metrics(
     recompute_flops_per_replica: float,
     fidelity: str,
     model_flops: float | None = None,
+    model_flops_full_attention: float | None = None,
 ) -> dict[str, Any]:
     """The ``--format json`` training metrics (``TrainingResult.metrics``). ``memory``: every stage's
     breakdown, or any subset holding the first stage to reach the largest total
@@ -75,6 +88,8 @@ def training_metrics(
     tokens = job.global_batch * job.seq_len
     if model_flops is None:
         model_flops = model_flops_per_iteration(setup)
+    if model_flops_full_attention is None:
+        model_flops_full_attention = model_flops_per_iteration(setup, full_attention=True)
     recompute_flops = recompute_flops_per_replica * plan.dp
     peak = setup.cluster.gpu.peak(job.precision)
     worst = max(memory, key=_TOTAL_BYTES)
@@ -90,6 +105,8 @@ def training_metrics(
         "tokens_per_s_per_gpu": tokens / seconds / gpus,
         "model_flops_per_s_per_gpu": model_flops / seconds / gpus,
         "mfu": model_flops / (seconds * gpus * peak),
+        "model_flops_full_attention_per_s_per_gpu": model_flops_full_attention / seconds / gpus,
+        "mfu_full_attention": model_flops_full_attention / (seconds * gpus * peak),
         "hfu": (model_flops + recompute_flops) / (seconds * gpus * peak),
         "mfu_peak_precision": job.precision,
         "bubble_fraction": estimate.bubble_fraction,

@@ -629,14 +629,16 @@ def _execute(program: Program) -> Execution:
     return _execute_all([program])[0]
 
 
-def _execute_all(programs: list[Program]) -> list[Execution]:
+def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None) -> list[Execution]:
     """``_execute`` of several programs in one run: their stages side by side as lanes of one array.
 
     The ops run as soon as possible one time unit each, every lane stepped together: the ops
     started in one step depend on none of each other, so each step updates the paths of all of
     them with a few array operations. A path's value at an op is the longer of the lane's previous
     op's path and the path of the op it waits for (the lane's own on ties), plus the op. A deadlock
-    (no lane can go on) is raised for a single program; with several each is run alone to find it."""
+    (no lane can go on) is raised for a single program; with several each is run alone to find it.
+    ``record`` (one program): receives, per step, the ops started, each one's lane predecessor and
+    the op it waited for (``len(kind)``: none) - the program's dependency graph in levels."""
     kinds, mbs, globals_, lanes, wheres, slot_bases = [], [], [], [], [], []
     occupancy, lane_count, slot_count = [], 0, 0
     for program in programs:
@@ -685,6 +687,7 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
     last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)
     starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)  # the path to each lane's first op's start
     pointer = np.zeros(lane_count, dtype=np.int64)
+    producer = np.full(sink + 1, len(kind), dtype=np.int64)  # the op that filled each path slot (none: len(kind))
     t = 0
     while True:
         active = np.flatnonzero(pointer < counts)
@@ -707,6 +710,8 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
                 )
             active, op, waits = active[ready], op[ready], waits[ready]
         own, other = last[active], paths[waits]
+        if record is not None:
+            record.append((op, np.where(pointer[active] > 0, op - 1, len(kind)), producer[waits]))
         beginning = pointer[active] == 0
         if beginning.any():
             starts[active[beginning]] = other[beginning]
@@ -715,6 +720,8 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
         slot = out_slot[op]
         paths[slot] = longer
         ends[slot] = t + 1
+        if record is not None:
+            producer[slot] = op
         pointer[active] += 1
         t += 1
     out: list[Execution] = []
@@ -729,6 +736,57 @@ def _execute_all(programs: list[Program]) -> list[Execution]:
         out.append((stage_ends, peak, last_peak, stage_starts))
         start += program.pp
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgramGraph:
+    """A program's ops as a dependency graph in levels, for its longest paths on stages that differ
+    (``longest_paths``): every op of a level depends only on ops of earlier levels (the steps of
+    ``_execute_all``'s unit-time run)."""
+
+    slot: np.ndarray  # per op, its (stage, local chunk, kind F/B/W/fused B+W) price index
+    prev: np.ndarray  # per op, the stage's previous op (n = none: the zero sentinel)
+    dep: np.ndarray  # per op, the op of another chunk it waits for (n = none)
+    levels: tuple[np.ndarray, ...]  # op indices per level
+    last: np.ndarray  # per stage, its last op
+    first_dep: np.ndarray  # per stage, what its first op waits for (n = none: it starts at 0)
+
+    def longest_paths(self, price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(start, finish) of every stage when each op takes ``price[slot]`` seconds and starts as
+        soon as its stage's previous op and its input are done: the program's longest paths."""
+        end = np.zeros(len(self.slot) + 1)
+        duration = price[self.slot]
+        prev, dep = self.prev, self.dep
+        for ops in self.levels:
+            end[ops] = np.maximum(end[prev[ops]], end[dep[ops]]) + duration[ops]
+        return end[self.first_dep], end[self.last]
+
+
+@lru_cache(maxsize=256)
+def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramGraph:
+    """The program's dependency graph in levels (``ProgramGraph``), for pricing its longest paths on
+    stages that differ: the program executed once more, recording each op's predecessors; cached."""
+    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
+    steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    _execute_all([program], steps)
+    v = program.chunks_per_stage
+    ops = program.ops
+    stage_of = np.repeat(np.arange(pp), ops.shape[1])
+    flat = ops.reshape(-1, 3)
+    kind, chunk = flat[:, 0], flat[:, 2]
+    if not program.split_backward:  # as _execute_all: a fused B + W is one op
+        keep = kind != W_CODE
+        kind, chunk, stage_of = np.where(kind[keep] == B_CODE, 3, kind[keep]), chunk[keep], stage_of[keep]
+    n = len(kind)
+    prev, dep = np.full(n, n, dtype=np.int64), np.full(n, n, dtype=np.int64)
+    for op, before, waited in steps:
+        prev[op], dep[op] = before, waited
+    counts = np.bincount(stage_of, minlength=pp)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return ProgramGraph(
+        slot=(stage_of * v + chunk) * 4 + kind, prev=prev, dep=dep, levels=tuple(op for op, _, _ in steps),
+        last=np.where(counts > 0, first + counts - 1, n), first_dep=np.where(counts > 0, dep[np.minimum(first, n - 1)], n),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

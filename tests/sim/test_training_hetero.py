@@ -123,11 +123,9 @@ def test_fidelities_agree_on_a_balanced_mixed_cluster(schedule: str) -> None:
     else:
         extra["layers_per_stage"] = [5, 5, 11, 11]
     analytic, des = (run(config([A100, H100], **extra), f)["iteration_time_s"] for f in ("analytic", "des"))
-    # interleaved: the closed form prices every chunk at the slowest stage's mean chunk (k x slowest / v),
-    # which chunks of unequal size on one stage miss by a few per cent (3-4 % on a one-GPU cluster too)
-    # zb-h1: F, B and W are each priced at the slowest stage's value, which leaves the faster stages'
-    # slack unused (2-3 %)
-    assert des == pytest.approx(analytic, rel={"1f1b": 0.02, "interleaved": 0.05, "zb-h1": 0.03}[schedule])
+    # the closed form of 1F1B, and the longest paths of the program with each op at its own stage's
+    # (and GPU's) chunk time for the others
+    assert des == pytest.approx(analytic, rel=0.01)
 
 
 def test_stage_groups_interleave_groups_in_any_order() -> None:
