@@ -279,6 +279,12 @@ def layer_forward_ops(
 # writes the result (2 + 2) plus a 1-byte mask; Korthikanti et al. 2022 count the same tensors
 # (2 + 2 + 1 = 5 bytes stored per element, the "5as/h" term).
 UNFUSED_SOFTMAX_BYTES_PER_SCORE = 9.0
+# Its backward: dropout's backward reads the gradient and the 1-byte mask and writes the gradient
+# (2 + 1 + 2), then the fused softmax backward reads the gradient and the saved probabilities and
+# writes the input gradient in place (2 + 2 + 2; Megatron-LM megatron/fused_kernels/
+# scaled_upper_triang_masked_softmax_cuda.cu bwd_cuda, "backward pass is completely in-place", at
+# commit 50a4b5fa02, 2021-04-08): 11 bytes per score, not twice the forward's 9.
+UNFUSED_SOFTMAX_BACKWARD_BYTES_PER_SCORE = 11.0
 
 
 def unfused_attention_ops(
@@ -295,7 +301,9 @@ def unfused_attention_ops(
         suffix = "" if len(shapes) == 1 else f"_{index}"
         batch = count * heads
         ops.append(Op(name=f"attention_scores{suffix}", kind="gemm", m=q, n=kv, k=qk_dim, batch=batch, weight=False, bytes_per_element=bytes_per_element, weight_bytes_per_element=bytes_per_element))
-        ops.append(Op(name=f"attention_softmax{suffix}", kind="memory", bytes_moved=UNFUSED_SOFTMAX_BYTES_PER_SCORE * batch * q * kv))
+        scores = batch * q * kv
+        ops.append(Op(name=f"attention_softmax{suffix}", kind="memory", bytes_moved=UNFUSED_SOFTMAX_BYTES_PER_SCORE * scores,
+                      backward_bytes_moved=UNFUSED_SOFTMAX_BACKWARD_BYTES_PER_SCORE * scores))
         ops.append(Op(name=f"attention_values{suffix}", kind="gemm", m=q, n=v_dim, k=kv, batch=batch, weight=False, bytes_per_element=bytes_per_element, weight_bytes_per_element=bytes_per_element))
     return ops
 

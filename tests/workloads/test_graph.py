@@ -86,3 +86,16 @@ def test_op_graph_is_a_dependency_chain() -> None:
     graph = op_graph(ops)
     assert list(nx.topological_sort(graph)) == [op.name for op in ops]
     assert nx.is_directed_acyclic_graph(graph) and graph.number_of_edges() == len(ops) - 1
+
+
+def test_unfused_softmax_moves_9_bytes_a_score_forward_and_11_backward() -> None:
+    """Megatron's fused scale-mask-softmax + dropout: forward 2 + 2 (softmax) + 2 + 2 + 1 (dropout,
+    1-byte mask); backward 2 + 1 + 2 (dropout) + 2 + 2 + 2 (softmax backward, in place)."""
+    from workloads.graph import backward_ops, unfused_attention_ops
+
+    ops = unfused_attention_ops([(2048, 2048), (2048, 2048)], heads=8, qk_dim=128, v_dim=128, bytes_per_element=2)
+    scores = 2 * 8 * 2048 * 2048
+    softmax = next(op for op in ops if op.name == "attention_softmax")
+    assert softmax.bytes_moved == 9 * scores
+    backward = next(op for op in backward_ops([softmax])[0] if op.name == "attention_softmax_backward")
+    assert backward.bytes_moved == 11 * scores
