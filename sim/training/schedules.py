@@ -637,8 +637,9 @@ def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndar
     them with a few array operations. A path's value at an op is the longer of the lane's previous
     op's path and the path of the op it waits for (the lane's own on ties), plus the op. A deadlock
     (no lane can go on) is raised for a single program; with several each is run alone to find it.
-    ``record`` (one program): receives, per step, the ops started, each one's lane predecessor and
-    the op it waited for (``len(kind)``: none) - the program's dependency graph in levels."""
+    ``record``: receives, per step, the ops started, each one's lane predecessor and the op it
+    waited for (``len(kind)``: none), in the ops of all programs in order - the programs' dependency
+    graphs in levels (``_split_record`` gives each its own)."""
     kinds, mbs, globals_, lanes, wheres, slot_bases = [], [], [], [], [], []
     occupancy, lane_count, slot_count = [], 0, 0
     for program in programs:
@@ -762,14 +763,28 @@ class ProgramGraph:
         return end[self.first_dep], end[self.last]
 
 
-@lru_cache(maxsize=256)
+_GRAPHS: dict[ProgramKey, ProgramGraph] = {}  # filled by prepare_program_profiles (emptied as _PROFILES)
+
+
 def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramGraph:
     """The program's dependency graph in levels (``ProgramGraph``), for pricing its longest paths on
-    stages that differ: the program executed once more, recording each op's predecessors; cached."""
+    stages that differ: recorded by ``prepare_program_profiles`` with the program's execution, or
+    the program executed once more, recording each op's predecessors; cached."""
+    graph = _GRAPHS.get((schedule, pp, num_microbatches, virtual_stages))
+    return graph if graph is not None else _program_graph_alone(schedule, pp, num_microbatches, virtual_stages)
+
+
+@lru_cache(maxsize=256)
+def _program_graph_alone(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> ProgramGraph:
     program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
     steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     _execute_all([program], steps)
-    v = program.chunks_per_stage
+    return _graph(program, steps)
+
+
+def _graph(program: Program, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> ProgramGraph:
+    """``ProgramGraph`` of ``program`` from the steps ``_execute_all`` recorded for it alone."""
+    pp, v = program.pp, program.chunks_per_stage
     ops = program.ops
     stage_of = np.repeat(np.arange(pp), ops.shape[1])
     flat = ops.reshape(-1, 3)
@@ -787,6 +802,31 @@ def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages:
         slot=(stage_of * v + chunk) * 4 + kind, prev=prev, dep=dep, levels=tuple(op for op, _, _ in steps),
         last=np.where(counts > 0, first + counts - 1, n), first_dep=np.where(counts > 0, dep[np.minimum(first, n - 1)], n),
     )
+
+
+def _split_record(
+    programs: list[Program], steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """The steps ``_execute_all`` recorded for several programs, per program as if it ran alone (a
+    program's ops start at the same steps either way: programs share no dependency)."""
+    sizes = [p.ops.shape[0] * p.ops.shape[1] * (1 if p.split_backward else 2) // (1 if p.split_backward else 3)
+             for p in programs]
+    total = sum(sizes)
+    op = np.concatenate([x[0] for x in steps])
+    before = np.concatenate([x[1] for x in steps])
+    waited = np.concatenate([x[2] for x in steps])
+    step = np.repeat(np.arange(len(steps)), [len(x[0]) for x in steps])
+    out = []
+    low = 0
+    for size in sizes:
+        mine = np.flatnonzero((op >= low) & (op < low + size))
+        local, s = op[mine] - low, step[mine]
+        b, w = before[mine], waited[mine]
+        b, w = np.where(b == total, size, b - low), np.where(w == total, size, w - low)
+        cuts = np.flatnonzero(np.diff(s)) + 1
+        out.append(list(zip(np.split(local, cuts), np.split(b, cuts), np.split(w, cuts))))
+        low += size
+    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -857,6 +897,7 @@ def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stag
 ProgramKey = tuple[str, int, int, int]  # (schedule, pp, num_microbatches, virtual_stages)
 _PROFILES: dict[ProgramKey, ProgramProfile] = {}
 MAX_PROFILES = 4096  # profiles kept (then the table is emptied: results never depend on it)
+MAX_GRAPHS = 256  # dependency graphs kept (each as large as its program)
 # programs executed together by ``prepare_program_profiles``: at most this many path slots at once
 # (each 400 bytes) and this many stages
 _BATCH_SLOTS, _BATCH_LANES = 1 << 19, 4096
@@ -865,6 +906,8 @@ _BATCH_SLOTS, _BATCH_LANES = 1 << 19, 4096
 def _remember(key: ProgramKey, program: Program, execution: Execution) -> ProgramProfile:
     if len(_PROFILES) >= MAX_PROFILES:
         _PROFILES.clear()
+    if len(_GRAPHS) >= MAX_GRAPHS:
+        _GRAPHS.clear()
     profile = _PROFILES[key] = _profile(program, execution)
     return profile
 
@@ -905,12 +948,17 @@ def prepare_program_profiles(keys: Any) -> None:
                 slots, lanes = slots + need, lanes + program.pp
                 continue
         if group:
+            programs = [program for _, program in group]
+            steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
             try:
-                executions = _execute_all([program for _, program in group])
+                executions = _execute_all(programs, steps)
             except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
                 executions = []
-            for (key, program), execution in zip(group, executions):
+            records = _split_record(programs, steps) if executions else []
+            for (key, program), execution, record in zip(group, executions, records):
                 _remember(key, program, execution)
+                if program.split_backward or program.chunks_per_stage > 1:  # priced per stage (analytic)
+                    _GRAPHS[key] = _graph(program, record)
         if item is None:
             break
         group, slots, lanes = [item], need, item[1].pp

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sim.training.analytic import analytic_iteration
@@ -219,5 +220,13 @@ def test_programs_executed_together_give_the_profiles_of_one_by_one() -> None:
     schedules.prepare_program_profiles(keys)
     assert set(schedules._PROFILES) == set(alone)
     assert all(schedules._PROFILES[key] == profile for key, profile in alone.items())
+    # the dependency graphs recorded with the batched executions are those of the programs alone
+    for key, graph in schedules._GRAPHS.items():
+        single = schedules._program_graph_alone(*key)
+        for name in ("slot", "prev", "dep", "last", "first_dep"):
+            assert np.array_equal(getattr(graph, name), getattr(single, name)), (key, name)
+        assert len(graph.levels) == len(single.levels)
+        assert all(np.array_equal(a, b) for a, b in zip(graph.levels, single.levels)), key
+    assert {k for k in alone if k[0] not in ("1f1b", "gpipe")} <= set(schedules._GRAPHS)
     with pytest.raises(InvalidPlanError, match="multiple of pp|divisible by pp"):
         program_profile("interleaved", 3, 4, 2)
