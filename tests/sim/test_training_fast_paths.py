@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import gc
 
@@ -99,3 +100,20 @@ def test_cache_keeps_no_plan_or_job_alive() -> None:
     keys = [k for k in referenced if isinstance(k, tuple)]
     flat = [item for key in keys for item in key]
     assert not any(isinstance(item, (ParallelPlan, TrainingJob)) for item in flat)
+
+
+def test_a_shared_cache_keeps_each_plans_logits_memory() -> None:
+    # interleaved at m == pp holds every micro-batch's logits on the last chunk, plain 1F1B (v = 1)
+    # one: plans alike but for v share memory kinds, not memory classes (a search's cache must not
+    # hand v = 1's peak to v = 2)
+    plans = []
+    for v in (1, 2, 4):
+        config = copy.deepcopy(CONFIG)
+        config["training"]["global_batch"] = 32  # m = 32 / dp 4 = 8 = pp
+        config["parallel"].update(virtual_stages=v, zero=3)
+        plans.append(parse_training(config))
+    cache = PricingCache()
+    shared = [estimate_training(setup, cache)["peak_memory_bytes"] for setup in plans]
+    fresh = [estimate_training(setup, PricingCache())["peak_memory_bytes"] for setup in plans]
+    assert shared == fresh
+    assert fresh[1] > fresh[0]
