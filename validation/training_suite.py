@@ -62,6 +62,8 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
     tp, pp = int(row["tp"]), int(row["pp"])
     virtual = int(row["virtual_stages"])
     parallel_extra = {"recompute_layers": int(row["recompute_layers"])} if row.get("recompute_layers") else {}
+    if row.get("dp_comm_overlap"):  # the row's DDP overlapped the gradient reduction (else its stack's rule)
+        parallel_extra["dp_comm_overlap"] = _bool(row["dp_comm_overlap"])
     return {
         "model": model,
         "cluster": {"gpu": row["gpu"], "node": row["node"], "network": row["network"], "num_gpus": int(row["num_gpus"])},
