@@ -210,11 +210,11 @@ def memory_comparisons() -> list[Comparison]:
 # from getting worse than it is now (17.6 % / 34.7 %). Every row must fit (require_fit).
 MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.19, max_row_error=0.36),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 17 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
-    "fraction, llm-foundry's FA1-class Triton attention, bf16 gradient buffers and fp8 primary weights are "
-    "modelled); not modelled: GEMM chunks of the TP overlap (the GEMM model's wave quantization would make "
-    "them 1.3-1.6x slower, which the Megatron-Core rows contradict), host dispatch, sustained clocks under "
-    "power capping, Megatron-Bridge FP8-CS's bf16 first and last layers; the MLPerf v3.0/v3.1 rows (2023 "
+    "rows of the 2023-25 stacks are predicted 16 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
+    "fraction, llm-foundry's FA1-class Triton attention, bf16 gradient buffers, fp8 primary weights and "
+    "Megatron-Bridge FP8-CS's bf16 first and last layers are modelled); not modelled: GEMM chunks of the TP "
+    "overlap (the GEMM model's wave quantization would make them 1.3-1.6x slower, which the Megatron-Core rows "
+    "contradict), host dispatch, sustained clocks under power capping; the MLPerf v3.0/v3.1 rows (2023 "
     "software) run 14-22 % slower than the same model on NeMo 24.07 and stay the worst; see the closing note of issue 11",
 )
 

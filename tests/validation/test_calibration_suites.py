@@ -102,11 +102,10 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
 
 def test_shipped_profiles_and_the_training_suites() -> None:
     """Training-modern: no worse with the shipped profiles. The 2021-22 Megatron rows: worst row no
-    worse, MAPE within 0.25 points (measured 6.92 % analytic vs 7.10 % shipped): NOT yet no-worse. The
-    profiles' NCCL curves (aiconfigurator NCCL 2.27 tables) price A100 2- and 4-GPU all-reduces of
-    12-17 MB 20-27 % slower than the analytic model and 8-GPU ones a few % faster, which moves the
-    over-predicted narayanan-3.6b/7.5b rows up and the under-predicted korthikanti-22b, mcore-h100-70b
-    rows down (issue 9 closing note)."""
+    worse, MAPE within 0.1 points (measured 9.54 % analytic vs 9.56 % shipped): NOT yet no-worse. The
+    profiles' NCCL curves (aiconfigurator NCCL 2.27 tables, which agree with public nccl-tests sweeps)
+    price A100 2- and 4-GPU all-reduces of 12-17 MB 20-27 % slower than the analytic model and 8-GPU
+    ones a few % faster (issue 9 closing note)."""
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     modern_on = _summaries(run_training_modern_suite(fidelity="analytic"))
@@ -116,7 +115,20 @@ def test_shipped_profiles_and_the_training_suites() -> None:
     on = run_training_suite(fidelity="des")
     off = run_training_suite(fidelity="des", calibration="none")
     assert on.worst("iteration_time_s") <= off.worst("iteration_time_s") + 1e-12
-    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 0.0025
+    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 0.001
+
+
+def test_validate_calibration_none_from_the_cli_runs_the_suites_on_the_analytic_defaults(capsys) -> None:
+    import json
+
+    from sim.cli import main
+    from validation.training_suite import run_training_suite
+
+    main(["validate", "--suite", "training", "--calibration", "none", "--format", "json"])
+    summary = json.loads(capsys.readouterr().out)["suites"]["training"]["summary"]["iteration_time_s"]
+    off, on = run_training_suite(fidelity="des", calibration="none"), run_training_suite(fidelity="des")
+    assert summary["mape"] == off.mape("iteration_time_s") != on.mape("iteration_time_s")
+    assert summary["worst"] == off.worst("iteration_time_s")
 
 
 def test_custom_all_reduce_tables_are_imported_and_fitted_per_framework(tmp_path) -> None:
