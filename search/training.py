@@ -41,6 +41,7 @@ from search.training_screen import (
     SCREEN_METRICS,
     Screened,
     _worker,
+    prepare_programs,
     price_candidate,
     program_batches,
     screen_batch,
@@ -173,8 +174,17 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
     refined = _refine(space, token, bases, feasible, lights, top_k, funnel, len(candidates))
     pool = sorted(feasible + refined, key=lambda x: (x.objective, x.metrics[_PEAK], x.index))
 
-    # ---- DES re-ranking of the top K -------------------------------------------------------------
+    # ---- Pareto set over every feasible plan (analytic) ------------------------------------------
     sources = {x.index: x.source for x in pool}
+    light_plans = [
+        Plan(index=x.index, candidate=x.candidate, context=space.contexts[x.candidate.context], source=sources[x.index],
+             analytic=dict(zip(SCREEN_METRICS, x.metrics), fidelity="analytic"))
+        for x in pool
+    ]
+    front = pareto_set(light_plans)
+    prepare_programs(space.contexts, [x.candidate for x in pool[:top_k]] + [p.candidate for p, _ in front])
+
+    # ---- DES re-ranking of the top K -------------------------------------------------------------
     top = [_plan(space, token, x.index, x.candidate, sources[x.index]) for x in pool[:top_k]]
     configs = [[candidate_config(p.context, p.candidate)] for p in top]
     with progress(len(configs), "DES re-ranking") as update:
@@ -187,13 +197,7 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
                                  p.index))
     ranked = [p for p in reranked if _feasible(space, p.des, p.candidate)] or reranked
 
-    # ---- Pareto set over every feasible plan (analytic) ------------------------------------------
-    light_plans = [
-        Plan(index=x.index, candidate=x.candidate, context=space.contexts[x.candidate.context], source=sources[x.index],
-             analytic=dict(zip(SCREEN_METRICS, x.metrics), fidelity="analytic"))
-        for x in pool
-    ]
-    pareto = [(_plan(space, token, p.index, p.candidate, p.source), reason) for p, reason in pareto_set(light_plans)]
+    pareto = [(_plan(space, token, p.index, p.candidate, p.source), reason) for p, reason in front]
 
     binding = _binding_constraint(space, lights, floors, funnel, ranked[0] if ranked else None)
     return TrainingSearchResult(
@@ -237,7 +241,7 @@ def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: li
 
     def refine(parents: list[_Light], name: str, solve_one: Any, change: Any) -> None:
         """Solve one MILP per parent; add each changed plan that the analytic model confirms."""
-        for parent in parents[:top_k]:
+        for parent in parents:
             c = parent.candidate
             setup = build_setup(bases[c.context], c)
             try:
@@ -250,20 +254,23 @@ def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: li
             if changed is not None:
                 add(changed, parent, name)
 
-    # (a) on the best feasible plans with a pipeline: the split, when it differs from the even one
-    refine(
-        [x for x in feasible if x.candidate.pp > 1 and not x.candidate.layers_per_stage], "layers_per_stage",
-        lambda setup, cap: assign_layers(stage_assignment_input(setup, cap, cache)),
-        lambda c, setup, answer: None if answer.layers_per_chunk == stage_layer_counts(setup.model.layers, setup.plan)
-        else c._replace(layers_per_stage=answer.layers_per_chunk),
-    )
-    # (b) on the best plans (better than the best feasible one as priced) that miss memory only
+    pipelined = [x for x in feasible if x.candidate.pp > 1 and not x.candidate.layers_per_stage][:top_k]
+    # the best plans (better than the best feasible one as priced) that miss memory only
     best = feasible[0].objective if feasible else float("inf")
     memory_only = sorted(
         (x for x in lights if x.violates in ("memory", "min_memory_headroom")
          and x.candidate.recompute in ("none", "selective") and x.objective < best),
         key=lambda x: (x.objective, x.index),
+    )[:top_k]
+    prepare_programs(space.contexts, [x.candidate for x in pipelined + memory_only])
+    # (a) on the best feasible plans with a pipeline: the split, when it differs from the even one
+    refine(
+        pipelined, "layers_per_stage",
+        lambda setup, cap: assign_layers(stage_assignment_input(setup, cap, cache)),
+        lambda c, setup, answer: None if answer.layers_per_chunk == stage_layer_counts(setup.model.layers, setup.plan)
+        else c._replace(layers_per_stage=answer.layers_per_chunk),
     )
+    # (b) on the best plans that miss memory only: the recompute per stage
     refine(
         memory_only, "recompute_layers",
         lambda setup, cap: choose_recompute(recompute_input(setup, cap, cache)),

@@ -110,11 +110,13 @@ def program_key(context: Context, candidate: Candidate) -> tuple[str, int, int, 
 def program_batches(contexts: Sequence[Context], candidates: Sequence[Candidate], size: int) -> list[list[int]]:
     """Candidate indices in batches of about ``size`` that never split the candidates of one pipeline
     program (``program_key``), so that each program is computed by one worker; the batches of the
-    largest programs first (they take longest), each batch in enumeration order."""
+    largest programs first (they take longest), programs of one schedule and of about one size
+    (within a factor 2) together (they are generated and executed side by side,
+    ``prepare_program_profiles``), each batch in enumeration order."""
     groups: dict[tuple[str, int, int, int], list[int]] = {}
     for index, candidate in enumerate(candidates):
         groups.setdefault(program_key(contexts[candidate.context], candidate), []).append(index)
-    keys = sorted(groups, key=lambda k: (-k[1] * k[2] * k[3], k))
+    keys = sorted(groups, key=lambda k: (-(k[1] * k[2] * k[3]).bit_length(), k[0], -k[1] * k[2] * k[3], k))
     out: list[list[int]] = []
     current: list[int] = []
     for key in keys:
@@ -125,6 +127,14 @@ def program_batches(contexts: Sequence[Context], candidates: Sequence[Candidate]
     if current:
         out.append(sorted(current))
     return out
+
+
+def prepare_programs(contexts: Sequence[Context], candidates: Sequence[Candidate]) -> None:
+    """Compute the pipeline programs of ``candidates`` together (``prepare_program_profiles``)
+    before they are priced one by one: the few plans the search process itself prices (the MILPs'
+    parents, the top K, the Pareto set), whose programs the screening computed in other processes."""
+    keys = (program_key(contexts[c.context], c) for c in candidates)
+    prepare_program_profiles((schedule, pp, m, v) for schedule, pp, v, m in keys if m)
 
 
 def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candidate]) -> list[Screened]:

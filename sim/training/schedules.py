@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 
@@ -279,67 +279,102 @@ def _bfs(pp: int, m: int, v: int) -> np.ndarray:
     return np.broadcast_to(ops, (pp,) + ops.shape)
 
 
-def _greedy(
-    pp: int, m: int, place: tuple[int, ...], limits: list[int], split: bool, forward_first: bool = False
-) -> np.ndarray:
+class GreedySpec(NamedTuple):
+    """What ``_greedy`` list-schedules: ``pp`` stages, ``m`` micro-batches, the chunk placement, the
+    activation limit of every stage (in chunk-activations), whether B and W run apart, and whether
+    F goes before B when both are ready."""
+
+    pp: int
+    m: int
+    place: tuple[int, ...]
+    limits: tuple[int, ...]
+    split: bool
+    forward_first: bool = False
+
+
+def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     """List-schedule the ops on unit-time uniform stages (F = B = W = 1, the setting of Qi et al.'s
     analysis): whenever a stage is free it runs, of the ops whose inputs have arrived, a B first
     (oldest micro-batch, deepest chunk), else an F if its activations fit under ``limits[stage]``
     chunk-activations (keeping room for the micro-batch's later chunks on the stage, so the oldest
     micro-batch can always finish), else a pending W (the zero-bubble filler). With ``split`` False
-    a B is followed by its W at once (fused backward, 2 time units).
+    a B is followed by its W at once (fused backward, 2 time units). Returns each spec's
+    ``Program.ops``.
 
     Times are integers, and an op started at time t ends after t, so what the stages free at t
     choose cannot depend on one another: the stages are stepped through time together, each step
     a few array operations over all stages (a stage's choice is the one of the event-by-event list
-    scheduler with stages deciding in (time, stage) order)."""
-    chunks = len(place)
-    per_stage = chunks // pp
-    local = _local_chunks(place, pp)
-    index_of = np.empty(chunks, dtype=np.int64)
-    index_of[local.ravel()] = np.tile(np.arange(per_stage), pp)
+    scheduler with stages deciding in (time, stage) order). Several programs (of equal chunks per
+    stage, ``split`` and ``forward_first``) run side by side, their stages as lanes of one array:
+    they share no op, and a lane that has nothing to choose at t chooses the same at every time
+    until one of its inputs ends, so stepping it with the others changes none of its choices."""
+    per_stage = len(specs[0].place) // specs[0].pp
+    split, forward_first = specs[0].split, specs[0].forward_first
+    if any(len(s.place) // s.pp != per_stage or s.split != split or s.forward_first != forward_first for s in specs):
+        raise ValueError("_greedy schedules programs of equal chunks per stage, split and forward_first together")
+    # per lane (a stage of one program) and per chunk (a global chunk of one program): offsets into
+    # the flat tables; a chunk's F end times sit at ends[base + micro-batch], its B's at ends[E + base + mb]
+    pps = np.array([s.pp for s in specs], dtype=np.int64)
+    ms = np.array([s.m for s in specs], dtype=np.int64)
+    chunk_counts = pps * per_stage
+    lane_m = np.repeat(ms, pps)
+    lane_chunks = np.repeat(chunk_counts, pps)
+    chunk_m = np.repeat(ms, chunk_counts)
+    first_chunk = np.repeat(np.cumsum(chunk_counts) - chunk_counts, chunk_counts)
+    chunk_ids = np.arange(len(chunk_m))
+    g_in = chunk_ids - first_chunk  # chunk index within its program
+    base = np.cumsum(chunk_m) - chunk_m
+    slots = int(chunk_m.sum())
+    sentinel = 2 * slots  # a region of -1 (always ready): chunk 0 waits for no forward, the last for no backward
+    last_in = g_in == np.repeat(chunk_counts, chunk_counts) - 1
+    f_wait = np.where(g_in > 0, base - np.roll(chunk_m, 1), sentinel)  # forward of g waits for g - 1's
+    b_wait = np.where(~last_in, slots + np.roll(base, -1), sentinel)  # backward of g for g + 1's
+    local = np.concatenate([
+        _local_chunks(s.place, s.pp) + c0 for s, c0 in zip(specs, np.cumsum(chunk_counts) - chunk_counts)
+    ])  # (lanes, per_stage): the lane's global chunks (batch ids) in model order
+    index_of = np.empty(len(chunk_m), dtype=np.int64)
+    index_of[local.ravel()] = np.tile(np.arange(per_stage), len(local))
     later = per_stage - 1 - index_of  # the stage's chunks after g (room kept for them)
-    chunk_ids = np.arange(chunks)
-    # ends[0] of forwards, ends[1] of backwards, per (chunk, micro-batch); row ``chunks`` is always
-    # ready (chunk 0 waits for no forward, the last chunk for no backward)
+    depth = lane_chunks[:, None] - 1 - (local - first_chunk[local])  # smaller key for the deeper chunk
     never = np.iinfo(np.int64).max
-    ends = np.full((2, chunks + 1, m), never, dtype=np.int64)
-    ends[:, chunks] = -1
-    f_wait = np.where(chunk_ids > 0, chunk_ids - 1, chunks)  # forward of g waits for g - 1's
-    b_wait = np.where(chunk_ids < chunks - 1, chunk_ids + 1, chunks)  # backward of g for g + 1's
-    following = np.zeros((2, chunks), dtype=np.int64)  # next forward / backward micro-batch per chunk
-    limit = np.asarray(limits, dtype=np.int64)
-    held = np.zeros(pp, dtype=np.int64)
-    free = np.zeros(pp, dtype=np.int64)
-    total = 3 * m * per_stage
-    out = np.zeros((3, pp, total), dtype=np.int64)  # pass code, micro-batch, local chunk
-    done = np.zeros(pp, dtype=np.int64)
-    # pending W per stage (micro-batch, chunk) in B order: a queue with head and tail
-    queue = np.zeros((2, pp, m * per_stage), dtype=np.int64)
-    head = np.zeros(pp, dtype=np.int64)
-    tail = np.zeros(pp, dtype=np.int64)
+    ends = np.full(sentinel + int(ms.max()), never, dtype=np.int64)
+    ends[sentinel:] = -1
+    following = np.zeros((2, len(chunk_m)), dtype=np.int64)  # next forward / backward micro-batch per chunk
+    limit = np.concatenate([np.asarray(s.limits, dtype=np.int64) for s in specs])
+    lanes = len(limit)
+    held = np.zeros(lanes, dtype=np.int64)
+    free = np.zeros(lanes, dtype=np.int64)
+    total = 3 * lane_m * per_stage
+    out_base = np.cumsum(total) - total
+    out = np.zeros((int(total.sum()), 3), dtype=np.int64)  # rows: pass code, micro-batch, local chunk
+    done = np.zeros(lanes, dtype=np.int64)
+    # pending W per lane (micro-batch, chunk) in B order: a queue with head and tail
+    queue_base = out_base // 3
+    queue = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
+    head = np.zeros(lanes, dtype=np.int64)
+    tail = np.zeros(lanes, dtype=np.int64)
     # choice keys: (class, micro-batch, deepest chunk first) as one integer; B before F unless forward_first
-    span = m * chunks
-    b_class, f_class = (span, 0) if forward_first else (0, span)
-    no_choice = 3 * span
-    depth = chunks - 1 - local  # smaller key for the deeper chunk
+    span = lane_m * lane_chunks
+    b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
+    no_choice = 3 * int(span.max())
     columns = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE), [W_CODE]])
     column_chunk = np.concatenate([np.arange(per_stage), np.arange(per_stage), [0]])
     b_duration = 1 if split else 2
     t = 0
     while True:
-        unfinished = done < total
-        act = np.flatnonzero(unfinished & (free <= t))
+        act = np.flatnonzero((done < total) & (free <= t))
         if len(act):
             g = local[act]
             ib, jf = following[1, g], following[0, g]
-            ibc, jfc = np.minimum(ib, m - 1), np.minimum(jf, m - 1)
-            ok_b = (ib < m) & (ends[0, g, ibc] <= t) & (ends[1, b_wait[g], ibc] <= t)
-            ok_f = (jf < m) & (ends[0, f_wait[g], jfc] <= t) & (held[act, None] + 1 + later[g] <= limit[act, None])
+            m_act = lane_m[act, None]
+            ibc, jfc = np.minimum(ib, m_act - 1), np.minimum(jf, m_act - 1)
+            ok_b = (ib < m_act) & (ends[base[g] + ibc] <= t) & (ends[b_wait[g] + ibc] <= t)
+            ok_f = (jf < m_act) & (ends[f_wait[g] + jfc] <= t) & (held[act, None] + 1 + later[g] <= limit[act, None])
+            chunks_act = lane_chunks[act, None]
             keys = np.concatenate([
-                np.where(ok_b, b_class + ib * chunks + depth[act], no_choice),
-                np.where(ok_f, f_class + jf * chunks + depth[act], no_choice),
-                np.where(head[act] < tail[act], 2 * span, no_choice)[:, None],
+                np.where(ok_b, b_class[act, None] + ib * chunks_act + depth[act], no_choice),
+                np.where(ok_f, f_class[act, None] + jf * chunks_act + depth[act], no_choice),
+                np.where(head[act] < tail[act], 2 * span[act], no_choice)[:, None],
             ], axis=1)
             column = keys.argmin(axis=1)
             rows = np.flatnonzero(keys[np.arange(len(act)), column] < no_choice)
@@ -348,47 +383,83 @@ def _greedy(
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
             if not len(later_free):
-                raise InvalidPlanError(f"schedule cannot proceed under its activation limits {limits} (pp = {pp}, m = {m})")
+                stuck = specs[int(np.searchsorted(np.cumsum(pps), np.flatnonzero(done < total)[0], side="right"))]
+                raise InvalidPlanError(
+                    f"schedule cannot proceed under its activation limits {list(stuck.limits)} (pp = {stuck.pp}, m = {stuck.m})"
+                )
             t = int(later_free.min())
             continue
         stages, column = act[rows], column[rows]
         kind = columns[column]
         is_w = kind == W_CODE
         chosen = g[rows, column_chunk[column]]
-        pass_index = np.where(kind == F_CODE, 0, 1)  # F: ends[0], B: ends[1] (W: unused)
+        pass_index = np.where(kind == F_CODE, 0, 1)  # F: ends[base], B: ends[E + base] (W: unused)
         microbatch = following[pass_index, chosen]
         if is_w.any():
             w_stages = stages[is_w]
-            microbatch[is_w] = queue[0, w_stages, head[w_stages]]
-            chosen[is_w] = queue[1, w_stages, head[w_stages]]
+            w_slot = queue_base[w_stages] + head[w_stages]
+            microbatch[is_w] = queue[0, w_slot]
+            chosen[is_w] = queue[1, w_slot]
             head[w_stages] += 1
         fb = ~is_w
         fb_stages, fb_chunk, fb_pass, fb_mb = stages[fb], chosen[fb], pass_index[fb], microbatch[fb]
         is_b = fb_pass == 1
-        ends[fb_pass, fb_chunk, fb_mb] = t + np.where(is_b, b_duration, 1)
+        ends[fb_pass * slots + base[fb_chunk] + fb_mb] = t + np.where(is_b, b_duration, 1)
         following[fb_pass, fb_chunk] += 1
         held[fb_stages] += 1 - 2 * is_b
-        out[:, stages, done[stages]] = (kind, microbatch, index_of[chosen])
+        out[out_base[stages] + done[stages]] = np.stack([kind, microbatch, index_of[chosen]], axis=1)
         done[stages] += 1
         free[stages] = t + 1
         b_stages = fb_stages[is_b]
         if split:
-            queue[:, b_stages, tail[b_stages]] = (fb_mb[is_b], fb_chunk[is_b])
+            queue[:, queue_base[b_stages] + tail[b_stages]] = (fb_mb[is_b], fb_chunk[is_b])
             tail[b_stages] += 1
         elif len(b_stages):
-            slot = done[b_stages]
-            out[0, b_stages, slot] = W_CODE
-            out[1:, b_stages, slot] = (fb_mb[is_b], index_of[fb_chunk[is_b]])
+            out[out_base[b_stages] + done[b_stages]] = np.stack(
+                [np.full(len(b_stages), W_CODE), fb_mb[is_b], index_of[fb_chunk[is_b]]], axis=1)
             done[b_stages] += 1
             free[b_stages] = t + 2
         if not (done < total).any():
             break
         t += 1
-    return np.ascontiguousarray(out.transpose(1, 2, 0))
+    cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
+    return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(out, cuts))]
+
+
+def _greedy_spec(schedule: str, pp: int, m: int, v: int) -> GreedySpec | None:
+    """What ``_greedy`` list-schedules for a list-scheduled named schedule (zb-h2, the V shapes,
+    hanayo); None for the others (generated in closed form)."""
+    if schedule == "zb-h2":
+        # ZB-H2 (Qi et al. 2024, Fig. 4): more warm-up forwards, up to 2 (pp - stage) - 1 in flight
+        # (peak (2p - 1) M_B on stage 0), W filling every remaining gap
+        return GreedySpec(pp=pp, m=m, place=placement("looping", pp, 1),
+                          limits=tuple(min(2 * (pp - s) - 1, m) for s in range(pp)), split=True)
+    if schedule == "hanayo":
+        # Hanayo (Liu et al. SC'23): W waves (2W chunks per stage, zigzag), fused backward, at most
+        # 1F1B's peak activation memory (p stages' worth = p v chunk activations); forwards first
+        # while memory allows (the wave fills the pipeline as far as it can before the backward)
+        return GreedySpec(pp=pp, m=m, place=placement("zigzag", pp, v), limits=(pp * v,) * pp, split=False,
+                          forward_first=True)
+    if schedule == "zb-v":
+        # ZB-V (Qi et al. 2024, Sec. 6): V placement, 1F1B's peak (2p chunk activations = p stages'
+        # worth), zero bubble when F = B = W
+        limit = 2 * pp
+    elif schedule == "v-half":
+        # V-Half (Qi et al. 2024, arXiv 2405.15362): half of 1F1B's activation memory: p chunks = p/2 stages
+        limit = max(2, pp)
+    elif schedule == "v-min":
+        # V-Min (same paper): a third: ceil(2p/3) chunks = p/3 stages' worth
+        limit = max(2, math.ceil(2 * pp / 3))
+    else:
+        return None
+    return GreedySpec(pp=pp, m=m, place=placement("zigzag", pp, v), limits=(min(limit, 2 * m),) * pp, split=True)
 
 
 def _generate(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, ...], np.ndarray]:
     """(placement, per-stage ops: ``Program.ops``) of a named schedule."""
+    spec = _greedy_spec(schedule, pp, m, v)
+    if spec is not None:
+        return spec.place, _greedy([spec])[0]
     if schedule == "gpipe":
         ops = _gpipe(m)
         return placement("looping", pp, 1), np.broadcast_to(ops, (pp,) + ops.shape)
@@ -403,30 +474,7 @@ def _generate(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, ...], 
         return placement("looping", pp, 1), np.stack([_one_f_one_b(pp, s, m, deferred_w=min(s, m)) for s in range(pp)])
     if schedule == "bfs":
         return placement("looping", pp, v), _bfs(pp, m, v)
-    if schedule == "zb-h2":
-        # ZB-H2 (Qi et al. 2024, Fig. 4): more warm-up forwards, up to 2 (pp - stage) - 1 in flight
-        # (peak (2p - 1) M_B on stage 0), W filling every remaining gap
-        place = placement("looping", pp, 1)
-        return place, _greedy(pp, m, place, [min(2 * (pp - s) - 1, m) for s in range(pp)], split=True)
-    place = placement("zigzag", pp, v)
-    if schedule == "zb-v":
-        # ZB-V (Qi et al. 2024, Sec. 6): V placement, 1F1B's peak (2p chunk activations = p stages'
-        # worth), zero bubble when F = B = W
-        limit = 2 * pp
-    elif schedule == "v-half":
-        # V-Half (Qi et al. 2024, arXiv 2405.15362): half of 1F1B's activation memory: p chunks = p/2 stages
-        limit = max(2, pp)
-    elif schedule == "v-min":
-        # V-Min (same paper): a third: ceil(2p/3) chunks = p/3 stages' worth
-        limit = max(2, math.ceil(2 * pp / 3))
-    elif schedule == "hanayo":
-        # Hanayo (Liu et al. SC'23): W waves (2W chunks per stage, zigzag), fused backward, at most
-        # 1F1B's peak activation memory (p stages' worth = p v chunk activations); forwards first
-        # while memory allows (the wave fills the pipeline as far as it can before the backward)
-        return place, _greedy(pp, m, place, [pp * v] * pp, split=False, forward_first=True)
-    else:  # pragma: no cover - _check rejects unknown names
-        raise InvalidPlanError(f"unknown schedule {schedule!r}")
-    return place, _greedy(pp, m, place, [min(limit, 2 * m)] * pp, split=True)
+    raise InvalidPlanError(f"unknown schedule {schedule!r}")  # pragma: no cover - _check rejects unknown names
 
 
 # ---- schedule files ------------------------------------------------------------------------------
@@ -873,12 +921,68 @@ def _built_program(schedule: str, pp: int, num_microbatches: int, virtual_stages
     else:
         place, ops = _generate(schedule, pp, m, v)
         split = schedule in _SPLIT
+    return _checked_ops((schedule, pp, m, v), place, ops, split)
+
+
+def _checked_ops(key: ProgramKey, place: Sequence[int], ops: np.ndarray, split: bool) -> Program:
+    """The ``Program`` of ``key`` with these ops, checked (``_check_ops``)."""
+    schedule, pp, m, v = key
     program = Program(
         schedule=schedule, pp=pp, num_microbatches=m, chunks_per_stage=v, placement=tuple(place),
         split_backward=split, ops=ops,
     )
     _check_ops(program)
     return program
+
+
+def _built_programs(keys: Sequence[ProgramKey]) -> list[tuple[ProgramKey, Program]]:
+    """``_built_program`` of every key whose program is valid (the others left out), the
+    list-scheduled ones (``_greedy``) generated side by side in groups of equal chunks per stage and
+    backward kind and of similar length (``_packed``)."""
+    out: list[tuple[ProgramKey, Program]] = []
+    listed: dict[tuple[int, bool, bool], list[tuple[ProgramKey, GreedySpec]]] = {}
+    for key in keys:
+        spec = None if is_file_schedule(key[0]) else _greedy_spec(*key)
+        try:
+            _check(key[0], key[1], 0, key[2], key[3])
+            if spec is None:
+                out.append((key, _built_program(*key)))
+        except InvalidPlanError:
+            continue
+        if spec is not None:
+            listed.setdefault((len(spec.place) // spec.pp, spec.split, spec.forward_first), []).append((key, spec))
+    for group in listed.values():
+        group.sort(key=lambda item: (item[1].m, item[0]))
+        for batch in _packed(group, lambda item: (2 * len(item[1].place) * item[1].m, item[1].pp)):
+            try:
+                generated: list[np.ndarray | None] = list(_greedy([spec for _, spec in batch]))
+            except InvalidPlanError:  # a program that cannot proceed: each generated alone, to leave it out
+                generated = [None] * len(batch)
+            for (key, spec), ops in zip(batch, generated):
+                try:
+                    out.append((key, _built_program(*key) if ops is None else _checked_ops(key, spec.place, ops, spec.split)))
+                except InvalidPlanError:
+                    continue
+    return out
+
+
+Item = TypeVar("Item")
+
+
+def _packed(items: Sequence[Item], size: Callable[[Item], tuple[int, int]]) -> list[list[Item]]:
+    """``items`` in consecutive groups run side by side: each at most ``_BATCH_SLOTS`` path slots and
+    ``_BATCH_LANES`` stages (``size(item)`` = (slots, stages)), an item larger than that alone."""
+    groups: list[list[Item]] = []
+    slots = lanes = 0
+    for item in items:
+        need, stages = size(item)
+        if groups and slots + need <= _BATCH_SLOTS and lanes + stages <= _BATCH_LANES:
+            groups[-1].append(item)
+            slots, lanes = slots + need, lanes + stages
+        else:
+            groups.append([item])
+            slots, lanes = need, stages
+    return groups
 
 
 @lru_cache(maxsize=16)  # the DES and a profile of the same program come back to back
@@ -891,13 +995,17 @@ def _checked_program(schedule: str, pp: int, num_microbatches: int, virtual_stag
 def schedule_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> Program:
     """The validated program of ``schedule`` on ``pp`` stages with ``num_microbatches`` micro-batches
     and ``virtual_stages`` chunks per stage (``chunks_per_stage``)."""
-    return _checked_program(schedule, pp, num_microbatches, virtual_stages)[0]
+    program = _PROGRAMS.get((schedule, pp, num_microbatches, virtual_stages))
+    return program if program is not None else _checked_program(schedule, pp, num_microbatches, virtual_stages)[0]
 
 
 ProgramKey = tuple[str, int, int, int]  # (schedule, pp, num_microbatches, virtual_stages)
 _PROFILES: dict[ProgramKey, ProgramProfile] = {}
+# the programs ``prepare_program_profiles`` last executed (validated), for ``schedule_program``
+_PROGRAMS: dict[ProgramKey, Program] = {}
 MAX_PROFILES = 4096  # profiles kept (then the table is emptied: results never depend on it)
 MAX_GRAPHS = 256  # dependency graphs kept (each as large as its program)
+MAX_PROGRAMS = 32  # programs kept by prepare_program_profiles (each as large as its ops)
 # programs executed together by ``prepare_program_profiles``: at most this many path slots at once
 # (each 400 bytes) and this many stages
 _BATCH_SLOTS, _BATCH_LANES = 1 << 19, 4096
@@ -912,6 +1020,11 @@ def _remember(key: ProgramKey, program: Program, execution: Execution) -> Progra
     return profile
 
 
+def _needs_graph(program: Program | ProgramProfile) -> bool:
+    """Whether the analytic fidelity prices the program's longest paths per stage (``program_graph``)."""
+    return program.split_backward or program.chunks_per_stage > 1
+
+
 def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramProfile:
     """``ProgramProfile`` of ``schedule_program(...)``, computed once per (schedule, pp, m, v); raises
     ``InvalidPlanError`` as ``schedule_program`` does (plan validation calls it: the profile, not the
@@ -924,44 +1037,33 @@ def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stage
 
 
 def prepare_program_profiles(keys: Any) -> None:
-    """Compute the ``program_profile`` of many (schedule, pp, m, v) keys at once: each program is
-    generated and checked alone, and their executions run together (``_execute_all``, programs of
-    similar length side by side), which costs far fewer array steps than one by one. Keys whose
-    program is invalid are left out (``program_profile`` raises for them when asked)."""
-    built: list[tuple[ProgramKey, Program]] = []
+    """Compute the ``program_profile`` of many (schedule, pp, m, v) keys at once: the list-scheduled
+    programs are generated together (``_built_programs``) and all executions run together
+    (``_execute_all``), programs of similar length side by side, which costs far fewer array steps
+    than one by one. Keys whose program is invalid are left out (``program_profile`` raises for them when asked); keys already
+    profiled are executed again only for a dependency graph that is missing."""
+    wanted = []
     for key in dict.fromkeys(keys):
-        if key in _PROFILES:
-            continue
-        try:
-            built.append((key, _built_program(*key)))
-        except InvalidPlanError:
-            continue
+        known = _PROFILES.get(key)
+        if known is None or (_needs_graph(known) and key not in _GRAPHS):
+            wanted.append(key)
+    built = _built_programs(wanted)
     built.sort(key=lambda item: (item[1].ops.shape[1], item[0]))
-    group: list[tuple[ProgramKey, Program]] = []
-    slots = lanes = 0
-    for item in built + [None]:  # type: ignore[list-item]
-        if item is not None:
-            program = item[1]
-            need = 2 * len(program.placement) * program.num_microbatches
-            if not group or (slots + need <= _BATCH_SLOTS and lanes + program.pp <= _BATCH_LANES):
-                group.append(item)
-                slots, lanes = slots + need, lanes + program.pp
-                continue
-        if group:
-            programs = [program for _, program in group]
-            steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-            try:
-                executions = _execute_all(programs, steps)
-            except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
-                executions = []
-            records = _split_record(programs, steps) if executions else []
-            for (key, program), execution, record in zip(group, executions, records):
-                _remember(key, program, execution)
-                if program.split_backward or program.chunks_per_stage > 1:  # priced per stage (analytic)
-                    _GRAPHS[key] = _graph(program, record)
-        if item is None:
-            break
-        group, slots, lanes = [item], need, item[1].pp
+    for group in _packed(built, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
+        programs = [program for _, program in group]
+        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        try:
+            executions = _execute_all(programs, steps)
+        except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
+            executions = []
+        records = _split_record(programs, steps) if executions else []
+        for (key, program), execution, record in zip(group, executions, records):
+            _remember(key, program, execution)
+            if _needs_graph(program):
+                _GRAPHS[key] = _graph(program, record)
+            if len(_PROGRAMS) >= MAX_PROGRAMS:
+                _PROGRAMS.clear()
+            _PROGRAMS[key] = program
 
 
 def _profile(program: Program, execution: Execution) -> ProgramProfile:
