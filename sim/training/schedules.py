@@ -339,9 +339,13 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     never = np.iinfo(np.int64).max
     ends = np.full(sentinel + int(ms.max()), never, dtype=np.int64)
     ends[sentinel:] = -1
-    following = np.zeros((2, len(chunk_m)), dtype=np.int64)  # next forward / backward micro-batch per chunk
     limit = np.concatenate([np.asarray(s.limits, dtype=np.int64) for s in specs])
     lanes = len(limit)
+    # per (lane, local chunk): where its F ends are, what its F and B wait for, the most activations
+    # the lane may hold before starting a forward of it
+    own_f, prev_f, next_b = base[local], f_wait[local], b_wait[local]
+    room = limit[:, None] - 1 - later[local]
+    following = np.zeros((2, lanes, per_stage), dtype=np.int64)  # next forward / backward micro-batch per (lane, chunk)
     held = np.zeros(lanes, dtype=np.int64)
     free = np.zeros(lanes, dtype=np.int64)
     total = 3 * lane_m * per_stage
@@ -356,24 +360,25 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     # choice keys: (class, micro-batch, deepest chunk first) as one integer; B before F unless forward_first
     span = lane_m * lane_chunks
     b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
+    b_key, f_key = b_class[:, None] + depth, f_class[:, None] + depth
     no_choice = 3 * int(span.max())
     columns = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE), [W_CODE]])
     column_chunk = np.concatenate([np.arange(per_stage), np.arange(per_stage), [0]])
     b_duration = 1 if split else 2
     t = 0
+    unfinished = done < total
     while True:
-        act = np.flatnonzero((done < total) & (free <= t))
+        act = np.flatnonzero(unfinished & (free <= t))
         if len(act):
-            g = local[act]
-            ib, jf = following[1, g], following[0, g]
+            ib, jf = following[1][act], following[0][act]
             m_act = lane_m[act, None]
             ibc, jfc = np.minimum(ib, m_act - 1), np.minimum(jf, m_act - 1)
-            ok_b = (ib < m_act) & (ends[base[g] + ibc] <= t) & (ends[b_wait[g] + ibc] <= t)
-            ok_f = (jf < m_act) & (ends[f_wait[g] + jfc] <= t) & (held[act, None] + 1 + later[g] <= limit[act, None])
+            ok_b = (ib < m_act) & (ends[own_f[act] + ibc] <= t) & (ends[next_b[act] + ibc] <= t)
+            ok_f = (jf < m_act) & (ends[prev_f[act] + jfc] <= t) & (held[act, None] <= room[act])
             chunks_act = lane_chunks[act, None]
             keys = np.concatenate([
-                np.where(ok_b, b_class[act, None] + ib * chunks_act + depth[act], no_choice),
-                np.where(ok_f, f_class[act, None] + jf * chunks_act + depth[act], no_choice),
+                np.where(ok_b, b_key[act] + ib * chunks_act, no_choice),
+                np.where(ok_f, f_key[act] + jf * chunks_act, no_choice),
                 np.where(head[act] < tail[act], 2 * span[act], no_choice)[:, None],
             ], axis=1)
             column = keys.argmin(axis=1)
@@ -392,9 +397,10 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
         stages, column = act[rows], column[rows]
         kind = columns[column]
         is_w = kind == W_CODE
-        chosen = g[rows, column_chunk[column]]
+        chunk_column = column_chunk[column]
+        chosen = local[stages, chunk_column]
         pass_index = np.where(kind == F_CODE, 0, 1)  # F: ends[base], B: ends[E + base] (W: unused)
-        microbatch = following[pass_index, chosen]
+        microbatch = following[pass_index, stages, chunk_column]
         if is_w.any():
             w_stages = stages[is_w]
             w_slot = queue_base[w_stages] + head[w_stages]
@@ -405,7 +411,7 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
         fb_stages, fb_chunk, fb_pass, fb_mb = stages[fb], chosen[fb], pass_index[fb], microbatch[fb]
         is_b = fb_pass == 1
         ends[fb_pass * slots + base[fb_chunk] + fb_mb] = t + np.where(is_b, b_duration, 1)
-        following[fb_pass, fb_chunk] += 1
+        following[fb_pass, fb_stages, chunk_column[fb]] += 1
         held[fb_stages] += 1 - 2 * is_b
         out[out_base[stages] + done[stages]] = np.stack([kind, microbatch, index_of[chosen]], axis=1)
         done[stages] += 1
@@ -419,7 +425,8 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
                 [np.full(len(b_stages), W_CODE), fb_mb[is_b], index_of[fb_chunk[is_b]]], axis=1)
             done[b_stages] += 1
             free[b_stages] = t + 2
-        if not (done < total).any():
+        unfinished = done < total
+        if not unfinished.any():
             break
         t += 1
     cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
@@ -677,7 +684,15 @@ def _execute(program: Program) -> Execution:
     return _execute_all([program])[0]
 
 
-def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None) -> list[Execution]:
+# A path's weighted time grows by at most this per op (a fused B + W at the largest B and W
+# weights), and its op counts by at most 1: int16 paths are exact while steps x this < 2**15.
+_MAX_OP_WEIGHT = int(_WEIGHT_MATRIX[:, 1:].max(axis=0).sum())
+
+
+def _execute_all(
+    programs: list[Program], record: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+    dtype: type[np.signedinteger] | None = None,
+) -> list[Execution]:
     """``_execute`` of several programs in one run: their stages side by side as lanes of one array.
 
     The ops run as soon as possible one time unit each, every lane stepped together: the ops
@@ -687,7 +702,9 @@ def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndar
     (no lane can go on) is raised for a single program; with several each is run alone to find it.
     ``record``: receives, per step, the ops started, each one's lane predecessor and the op it
     waited for (``len(kind)``: none), in the ops of all programs in order - the programs' dependency
-    graphs in levels (``_split_record`` gives each its own)."""
+    graphs in levels (``_split_record`` gives each its own). ``dtype`` of the paths: by default int16
+    when the run can fit (every lane's ops x ``_MAX_OP_WEIGHT`` < 2**15; run again in int32 if its
+    steps turn out too many), else int32."""
     kinds, mbs, globals_, lanes, wheres, slot_bases = [], [], [], [], [], []
     occupancy, lane_count, slot_count = [], 0, 0
     for program in programs:
@@ -728,13 +745,15 @@ def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndar
     wait_slot[waits_b] = (base + (cs + g + 1) * ms + mb)[waits_b]
     counts = np.bincount(lane, minlength=lane_count)
     first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    # int32: a path's weighted time is at most 6 x its ops (< 2**31 for any program validation admits)
-    paths = np.zeros((sink + 1, len(_WEIGHTS), 4), dtype=np.int32)
+    # int32: a path's weighted time is at most 10 x its ops (< 2**31 for any program validation admits)
+    if dtype is None:
+        dtype = np.int16 if int(counts.max()) * _MAX_OP_WEIGHT < 1 << 15 else np.int32
+    paths = np.zeros((sink + 1, len(_WEIGHTS), 4), dtype=dtype)
     ends = np.full(sink + 1, np.iinfo(np.int64).max, dtype=np.int64)
     ends[zero_slot] = -1
-    steps = np.stack([_F_STEP, _B_STEP[False], _W_STEP, _B_STEP[True]]).astype(np.int32)
-    last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)
-    starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=np.int32)  # the path to each lane's first op's start
+    steps = np.stack([_F_STEP, _B_STEP[False], _W_STEP, _B_STEP[True]]).astype(dtype)
+    last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=dtype)
+    starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=dtype)  # the path to each lane's first op's start
     pointer = np.zeros(lane_count, dtype=np.int64)
     producer = np.full(sink + 1, len(kind), dtype=np.int64)  # the op that filled each path slot (none: len(kind))
     t = 0
@@ -773,15 +792,16 @@ def _execute_all(programs: list[Program], record: list[tuple[np.ndarray, np.ndar
             producer[slot] = op
         pointer[active] += 1
         t += 1
+        if dtype is np.int16 and t * _MAX_OP_WEIGHT >= 1 << 15:  # paths could outgrow int16
+            if record is not None:
+                record.clear()
+            return _execute_all(programs, record, np.int32)
     out: list[Execution] = []
     start = 0
+    last_counts, start_counts = last[:, :, 1:].tolist(), starts[:, :, 1:].tolist()  # (F, B, W) counts as ints
     for program, (peak, last_peak) in zip(programs, occupancy):
-        stage_ends = tuple(
-            _pareto(tuple(tuple(int(x) for x in row[1:]) for row in stage)) for stage in last[start : start + program.pp]
-        )
-        stage_starts = tuple(
-            _pareto(tuple(tuple(int(x) for x in row[1:]) for row in stage)) for stage in starts[start : start + program.pp]
-        )
+        stage_ends = tuple(_pareto(tuple(map(tuple, stage))) for stage in last_counts[start : start + program.pp])
+        stage_starts = tuple(_pareto(tuple(map(tuple, stage))) for stage in start_counts[start : start + program.pp])
         out.append((stage_ends, peak, last_peak, stage_starts))
         start += program.pp
     return out
@@ -871,8 +891,8 @@ def _split_record(
         local, s = op[mine] - low, step[mine]
         b, w = before[mine], waited[mine]
         b, w = np.where(b == total, size, b - low), np.where(w == total, size, w - low)
-        cuts = np.flatnonzero(np.diff(s)) + 1
-        out.append(list(zip(np.split(local, cuts), np.split(b, cuts), np.split(w, cuts))))
+        bounds = np.concatenate(([0], np.flatnonzero(np.diff(s)) + 1, [len(s)])).tolist()
+        out.append([(local[i:j], b[i:j], w[i:j]) for i, j in zip(bounds[:-1], bounds[1:])])
         low += size
     return out
 
