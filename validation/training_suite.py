@@ -214,7 +214,8 @@ MISSING_MECHANISMS = (
     "fraction, llm-foundry's FA1-class Triton attention, bf16 gradient buffers, fp8 primary weights and "
     "Megatron-Bridge FP8-CS's bf16 first and last layers are modelled); not modelled: GEMM chunks of the TP "
     "overlap (the GEMM model's wave quantization would make them 1.3-1.6x slower, which the Megatron-Core rows "
-    "contradict), host dispatch, sustained clocks under power capping; the MLPerf v3.0/v3.1 rows (2023 "
+    "contradict), host dispatch, an H100 sustained clock under power capping (the A100's, 1,305 of 1,410 MHz, is "
+    "modelled; no bf16 H100 figure is sourced, and the H100 tables' long kernels run at the MAMF); the MLPerf v3.0/v3.1 rows (2023 "
     "software) run 14-22 % slower than the same model on NeMo 24.07 and stay the worst; see the closing note of issue 11",
 )
 
