@@ -74,9 +74,11 @@ TRTLLM_BENCH_MAX_BATCH = 2048
 TRTLLM_BENCH_MAX_TOKENS = 8192
 # NanoFlow's baselines ran each engine's defaults: 256 sequences per step, the default of vLLM's
 # max_num_seqs (vllm/engine/arg_utils.py EngineArgs) and of trtllm-build --max_batch_size
-# (tensorrt_llm/commands/build.py); vLLM v0.5.3 ran without chunked prefill (enable_chunked_prefill
-# default off before V1)
+# (tensorrt_llm/commands/build.py); vLLM v0.5.3 (stack "vllm-0.5") ran without chunked prefill (its
+# profile's default), so its token budget is vLLM 0.5.x SchedulerConfig's default for that mode,
+# max(max_model_len, 2048), with max_model_len the model's own context (4,096 for Llama 2)
 ENGINE_DEFAULT_MAX_BATCH = 256
+VLLM_V0_MIN_TOKEN_BUDGET = 2048
 
 
 def row_config(row: Row) -> dict[str, Any]:
@@ -87,11 +89,14 @@ def row_config(row: Row) -> dict[str, Any]:
     if row.benchmark == "nanoflow":
         serving: dict[str, Any] = {
             "framework": row.framework, "tp": row.tp, "max_num_seqs": ENGINE_DEFAULT_MAX_BATCH,
-            "max_batched_tokens": TRTLLM_BENCH_MAX_TOKENS, "max_model_len": row.input_tokens + row.output_tokens,
             "weight_precision": "fp16", "kv_precision": "fp16",
         }
-        serving.update({"scheduler": "orca"} if row.framework.startswith("trtllm") else
-                       {"scheduler": "vllm", "chunked_prefill": False})
+        if row.framework.startswith("trtllm"):
+            serving.update({"scheduler": "orca", "max_batched_tokens": TRTLLM_BENCH_MAX_TOKENS,
+                            "max_model_len": row.input_tokens + row.output_tokens})
+        else:
+            serving.update({"scheduler": "vllm",
+                            "max_batched_tokens": max(get_model(row.model).max_seq_len, VLLM_V0_MIN_TOKEN_BUDGET)})
         return {
             "model": {"name": row.model},
             "cluster": {"gpu": row.gpu, "num_gpus": row.tp},
