@@ -207,17 +207,22 @@ def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
 
 
 # NanoFlow's baselines (published-serving.md): the issue's target is within 20 % per row. The
-# TensorRT-LLM v0.8 rows are (+3..+6 %); the vLLM v0.5.3 rows are over-predicted by 59-67 %
-# (NANOFLOW_NOTES), so the bound below only stops regressions.
-NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.35, max_row_error=0.70),)
+# TensorRT-LLM v0.8 rows are (+3..+6 %); the vLLM v0.5.3 rows, on the "vllm-0.5" (V0) stack, are
+# over-predicted by 22-30 % with the shipped calibration profiles and 17-24 % without (NANOFLOW_NOTES),
+# so the bounds below stop regressions at today's errors.
+NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.155, max_row_error=0.31),)
 NANOFLOW_NOTES = (
     "NanoFlow's throughput counts input + output tokens (its 'optimal' 1,857 tokens/s/GPU is one compute "
     "roofline, 312 TFLOP/s / 2 x 69 B parameters x 0.82, for all three workloads; output tokens alone would "
     "make 512/1024 and 1024/512 disagree with it); both engines at their default 256 sequences per step, "
     "1,000 requests assumed",
-    "vLLM v0.5.3 rows run the V1 'vllm' profile's 126 us per step: the V0 engine's host work per step (Python "
-    "scheduling, input preparation and sampling, which vLLM's v0.6.0 performance post names as most of "
-    "v0.5.3's step time) has no sourced size and no shipped profile, so these rows are over-predicted by 59-67 %",
+    "vLLM v0.5.3 rows run the 'vllm-0.5' stack (V0 engine): 2,100 us per step + 89.5 us per sequence of host "
+    "work (scheduling, input preparation, sampler, output processing) paid serially with the GPU, chunked "
+    "prefill off, token budget max(max_model_len, 2048) = 4,096. Still over-predicted by 22-30 % (17-24 % "
+    "on the analytic defaults): the per-sequence cost is a 2024 H100-host measurement (vLLM #6801), "
+    "NanoFlow's A100 host is not stated, and the older engine's A100-host slope (Vidur) would be 2.3x it",
+    "with the shipped profiles these rows are faster than on the analytic defaults (vLLM's measured custom "
+    "all-reduce, 45 us against NCCL's 76 us at 4 MB on 8 A100) and so further from the published numbers",
 )
 
 
