@@ -46,6 +46,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "decode_attention": ("serving", ("shared_kv", "per_query_head", "xqa")),
         "kv_cache_memory": ("serving", ("total_fraction", "free_fraction")),
         "tp_all_reduce": ("serving", ("nccl", "trtllm", "vllm", "sglang")),
+        "chunked_prefill": ("serving", bool),
     },
 }
 

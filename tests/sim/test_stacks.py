@@ -20,7 +20,7 @@ from sim.training.run import simulate_training
 
 TRAINING_STACKS = {"megatron-2021", "deepspeed-zero-2021", "megatron-core", "torchtitan", "llm-foundry", "nemo",
                    "megatron-bridge"}
-SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "fastertransformer"}
+SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "vllm-0.5", "fastertransformer"}
 
 
 def test_catalog_holds_every_stack_with_every_setting_sourced() -> None:
