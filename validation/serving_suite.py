@@ -112,11 +112,15 @@ def trtllm_bench_engine_settings(row: Row) -> tuple[int, int]:
     else:
         max_tokens = 1024 * math.ceil(raw_tokens / 1024)
     return max_bs, max_tokens
+
+
 # NanoFlow's baselines ran each engine's defaults: 256 sequences per step, the default of vLLM's
 # max_num_seqs (vllm/engine/arg_utils.py EngineArgs) and of trtllm-build --max_batch_size
-# (tensorrt_llm/commands/build.py); vLLM v0.5.3 ran without chunked prefill (enable_chunked_prefill
-# default off before V1)
+# (tensorrt_llm/commands/build.py); vLLM v0.5.3 (stack "vllm-0.5") ran without chunked prefill (its
+# profile's default), so its token budget is vLLM 0.5.x SchedulerConfig's default for that mode,
+# max(max_model_len, 2048), with max_model_len the model's own context (4,096 for Llama 2)
 ENGINE_DEFAULT_MAX_BATCH = 256
+VLLM_V0_MIN_TOKEN_BUDGET = 2048
 
 
 def row_config(row: Row) -> dict[str, Any]:
@@ -127,11 +131,14 @@ def row_config(row: Row) -> dict[str, Any]:
     if row.benchmark == "nanoflow":
         serving: dict[str, Any] = {
             "framework": row.framework, "tp": row.tp, "max_num_seqs": ENGINE_DEFAULT_MAX_BATCH,
-            "max_batched_tokens": TRTLLM_BENCH_MAX_TOKENS, "max_model_len": row.input_tokens + row.output_tokens,
             "weight_precision": "fp16", "kv_precision": "fp16",
         }
-        serving.update({"scheduler": "orca"} if row.framework.startswith("trtllm") else
-                       {"scheduler": "vllm", "chunked_prefill": False})
+        if row.framework.startswith("trtllm"):
+            serving.update({"scheduler": "orca", "max_batched_tokens": TRTLLM_BENCH_MAX_TOKENS,
+                            "max_model_len": row.input_tokens + row.output_tokens})
+        else:
+            serving.update({"scheduler": "vllm",
+                            "max_batched_tokens": max(get_model(row.model).max_seq_len, VLLM_V0_MIN_TOKEN_BUDGET)})
         return {
             "model": {"name": row.model},
             "cluster": {"gpu": row.gpu, "num_gpus": row.tp},
@@ -291,17 +298,22 @@ def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
 
 
 # NanoFlow's baselines (published-serving.md): the issue's target is within 20 % per row. The
-# TensorRT-LLM v0.8 rows are (+3..+6 %); the vLLM v0.5.3 rows are over-predicted by 59-67 %
-# (NANOFLOW_NOTES), so the bound below only stops regressions.
-NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.35, max_row_error=0.70),)
+# TensorRT-LLM v0.8 rows are (+3..+6 %); the vLLM v0.5.3 rows, on the "vllm-0.5" (V0) stack, are
+# over-predicted by 22-30 % with the shipped calibration profiles and 17-24 % without (NANOFLOW_NOTES),
+# so the bounds below stop regressions at today's errors.
+NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.155, max_row_error=0.31),)
 NANOFLOW_NOTES = (
     "NanoFlow's throughput counts input + output tokens (its 'optimal' 1,857 tokens/s/GPU is one compute "
     "roofline, 312 TFLOP/s / 2 x 69 B parameters x 0.82, for all three workloads; output tokens alone would "
     "make 512/1024 and 1024/512 disagree with it); both engines at their default 256 sequences per step, "
     "1,000 requests assumed",
-    "vLLM v0.5.3 rows run the V1 'vllm' profile's 126 us per step: the V0 engine's host work per step (Python "
-    "scheduling, input preparation and sampling, which vLLM's v0.6.0 performance post names as most of "
-    "v0.5.3's step time) has no sourced size and no shipped profile, so these rows are over-predicted by 59-67 %",
+    "vLLM v0.5.3 rows run the 'vllm-0.5' stack (V0 engine): 2,100 us per step + 89.5 us per sequence of host "
+    "work (scheduling, input preparation, sampler, output processing) paid serially with the GPU, chunked "
+    "prefill off, token budget max(max_model_len, 2048) = 4,096. Still over-predicted by 22-30 % (17-24 % "
+    "on the analytic defaults): the per-sequence cost is a 2024 H100-host measurement (vLLM #6801), "
+    "NanoFlow's A100 host is not stated, and the older engine's A100-host slope (Vidur) would be 2.3x it",
+    "with the shipped profiles these rows are faster than on the analytic defaults (vLLM's measured custom "
+    "all-reduce, 45 us against NCCL's 76 us at 4 MB on 8 A100) and so further from the published numbers",
 )
 
 

@@ -176,7 +176,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         prefix_caching=_bool(table, "prefix_caching", w, False),
         replicas=_int(table, "replicas", w, 1),
         router=_choice(table, "router", w, "least_outstanding", ROUTERS),
-        chunked_prefill=_bool(table, "chunked_prefill", w, True),
+        chunked_prefill=settings["chunked_prefill"],
         preemption_mode=_choice(table, "preemption_mode", w, "recompute", PREEMPTION_MODES),
         swap_space_bytes=_float(table, "swap_space_GiB", w, DEFAULT_SWAP_SPACE_GIB, 0.0, 1e6) * GiB,
         step_overhead_s=settings["step_overhead_us"] * us,

@@ -51,6 +51,7 @@ def load_profile_text(profile: CalibrationProfile) -> CalibrationProfile:
 def test_serving_stacks_name_their_all_reduce_kernel() -> None:
     assert get_stack("serving", "trtllm-0.9").settings["tp_all_reduce"] == "trtllm"
     assert get_stack("serving", "vllm").settings["tp_all_reduce"] == "vllm"
+    assert get_stack("serving", "vllm-0.5").settings["tp_all_reduce"] == "vllm"
     assert get_stack("serving", "fastertransformer").settings["tp_all_reduce"] == "nccl"
     # every shipped profile of an NVLink GPU carries the TensorRT-LLM and vLLM curves
     for gpu in ("a100-sxm-80gb", "h100-sxm-80gb", "h200-sxm-141gb"):
@@ -98,6 +99,24 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
         mape_on, worst_on = on[metric]
         assert mape_on <= mape_off + 1e-12, (metric, mape_on, mape_off)
         assert worst_on <= worst_off + 1e-12, (metric, worst_on, worst_off)
+
+
+def test_shipped_profiles_and_the_nanoflow_suite() -> None:
+    """NanoFlow's baselines: NOT yet no-worse with the shipped profiles. The TensorRT-LLM rows move by
+    under 1.5 points; the vLLM 0.5.3 rows are over-predicted on both (17-24 % analytic, 22-30 % shipped),
+    and vLLM's measured custom all-reduce (faster than the analytic NCCL model) widens that: MAPE
+    11.3 % analytic vs 14.6 % shipped, pinned here within 3.5 points so it cannot grow unnoticed."""
+    from validation.serving_suite import run_serving_nanoflow_suite
+
+    on, off = run_serving_nanoflow_suite(), run_serving_nanoflow_suite(calibration="none")
+    metric = "total_tokens_per_s_per_gpu"
+    assert on.mape(metric) <= off.mape(metric) + 0.035
+    for a, b in zip(on.comparisons, off.comparisons):
+        assert a.row == b.row
+        if " trtllm " in a.row:
+            assert abs(a.error - b.error) <= 0.015, a.row
+        else:
+            assert 0 < b.error < a.error, a.row  # over-predicted on both, more with the faster all-reduce
 
 
 def test_shipped_profiles_and_the_training_suites() -> None:

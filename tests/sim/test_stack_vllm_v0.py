@@ -1,0 +1,64 @@
+"""The vLLM 0.5.x (V0 engine) serving stack, `[serving] framework = "vllm-0.5"`: its host cost per step
+and per sequence follows from the numbers its profile cites, it is paid serially with the GPU work
+(V0's step loop does not overlap them), and chunked prefill is off unless the config turns it on."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from sim.runner import RunOptions, simulate
+from sim.serving.config import parse_serving
+from sim.stacks import get_stack
+
+V0 = "vllm-0.5"
+
+
+def test_host_cost_per_step_and_per_sequence_follow_the_cited_measurements() -> None:
+    profile = get_stack("serving", V0)
+    # per step: the least-squares intercept of the A100 V0-loop phase sums the source quotes (ms, batches 8..64)
+    quoted = [float(x) for x in re.search(r"64: ([0-9., ]+) ms", profile.sources["step_overhead_us"]).group(1)
+              .rstrip(" ").split(", ")]
+    assert quoted == [3.62, 5.37, 7.08, 8.25, 10.33, 12.24, 13.74, 14.63]
+    slope_ms, intercept_ms = np.polyfit(np.arange(8, 65, 8), quoted, 1)
+    assert intercept_ms == pytest.approx(2.1, abs=0.01) and slope_ms == pytest.approx(0.203, abs=0.001)
+    assert profile.settings["step_overhead_us"] == 2100.0
+    # per sequence: 20 ms between steps at 200 sequences (vLLM #6801), less the per-step part
+    assert profile.settings["request_overhead_us"] == pytest.approx((20_000.0 - 2100.0) / 200)
+
+
+def test_profile_turns_chunked_prefill_off_and_the_config_wins() -> None:
+    v0 = parse_serving({"framework": V0})
+    assert (v0.chunked_prefill, v0.tp_all_reduce, v0.kv_cache_memory, v0.decode_attention) == (
+        False, "vllm", "total_fraction", "shared_kv")
+    assert v0.step_overhead_s == pytest.approx(2100e-6) and v0.request_overhead_s == pytest.approx(89.5e-6)
+    assert parse_serving({"framework": V0, "chunked_prefill": True}).chunked_prefill
+    assert parse_serving({}).chunked_prefill  # V1, the default stack: chunked prefill on
+
+
+def _run(**serving) -> dict:  # type: ignore[type-arg]
+    config = {"model": {"name": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
+              "serving": {"framework": V0, **serving},
+              "workload": {"arrival": "offline", "num_requests": 2, "prompt_tokens": 64, "output_tokens": 3}}
+    return simulate(config, RunOptions()).metrics()
+
+
+def test_host_time_is_paid_serially_every_step() -> None:
+    # two requests, 3 output tokens each, V0 without chunking: one prefill step of both prompts (its
+    # first tokens), then two decode steps of both: 3 steps x (2,100 + 2 x 89.5) us of host time on top
+    # of exactly the same GPU work
+    with_host, without = _run(), _run(step_overhead_us=0.0, request_overhead_us=0.0)
+    assert with_host["pools"][0]["steps"] == without["pools"][0]["steps"] == [3]
+    assert with_host["duration_s"] - without["duration_s"] == pytest.approx(3 * (2100 + 2 * 89.5) * 1e-6, rel=1e-9)
+
+
+def test_v0_is_slower_than_v1_at_a_large_batch() -> None:
+    # the same 64-request offline run: V0 pays ~7.8 ms of host time per 64-sequence decode step, V1 0.38 ms
+    config = {"model": {"name": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
+              "workload": {"arrival": "offline", "num_requests": 64, "prompt_tokens": 128, "output_tokens": 32}}
+    v0 = simulate({**config, "serving": {"framework": V0}}, RunOptions()).metrics()
+    v1 = simulate({**config, "serving": {"framework": "vllm"}}, RunOptions()).metrics()
+    assert v0["framework"] == V0 and v1["framework"] == "vllm"
+    assert v0["output_tokens_per_s"] < 0.8 * v1["output_tokens_per_s"]
