@@ -117,10 +117,9 @@ def trtllm_bench_engine_settings(row: Row) -> tuple[int, int]:
 # NanoFlow's baselines ran each engine's defaults: 256 sequences per step, the default of vLLM's
 # max_num_seqs (vllm/engine/arg_utils.py EngineArgs) and of trtllm-build --max_batch_size
 # (tensorrt_llm/commands/build.py); vLLM v0.5.3 (stack "vllm-0.5") ran without chunked prefill (its
-# profile's default), so its token budget is vLLM 0.5.x SchedulerConfig's default for that mode,
-# max(max_model_len, 2048), with max_model_len the model's own context (4,096 for Llama 2)
+# profile's default), so its token budget is the engine's default for that mode, max(max_model_len,
+# 2048) = 4,096 with Llama 2's own context (``sim.serving.config.resolve_token_budget``)
 ENGINE_DEFAULT_MAX_BATCH = 256
-VLLM_V0_MIN_TOKEN_BUDGET = 2048
 
 
 def row_config(row: Row) -> dict[str, Any]:
@@ -137,8 +136,7 @@ def row_config(row: Row) -> dict[str, Any]:
             serving.update({"scheduler": "orca", "max_batched_tokens": TRTLLM_BENCH_MAX_TOKENS,
                             "max_model_len": row.input_tokens + row.output_tokens})
         else:
-            serving.update({"scheduler": "vllm",
-                            "max_batched_tokens": max(get_model(row.model).max_seq_len, VLLM_V0_MIN_TOKEN_BUDGET)})
+            serving["scheduler"] = "vllm"
         return {
             "model": {"name": row.model},
             "cluster": {"gpu": row.gpu, "num_gpus": row.tp},
@@ -310,7 +308,7 @@ NANOFLOW_NOTES = (
     "vLLM v0.5.3 rows run the 'vllm-0.5' stack (V0 engine): 2,100 us per step + 89.5 us per sequence of host "
     "work (scheduling, input preparation, sampler, output processing) paid serially with the GPU, chunked "
     "prefill off, token budget max(max_model_len, 2048) = 4,096. Still over-predicted by 22-30 % (17-24 % "
-    "on the analytic defaults): the per-sequence cost is a 2024 H100-host measurement (vLLM #6801), "
+    "on the analytic defaults): the per-sequence cost is a 2024 measurement on an unstated host (vLLM #6801), "
     "NanoFlow's A100 host is not stated, and the older engine's A100-host slope (Vidur) would be 2.3x it",
     "with the shipped profiles these rows are faster than on the analytic defaults (vLLM's measured custom "
     "all-reduce, 45 us against NCCL's 76 us at 4 MB on 8 A100) and so further from the published numbers",

@@ -174,3 +174,20 @@ def test_nanoflow_baselines() -> None:
     assert len(trtllm) == len(vllm) == 3
     assert all(abs(e) <= 0.07 for e in trtllm)
     assert all(0.15 <= e <= 0.31 for e in vllm)
+
+
+def test_validate_runs_one_suite_alone_from_the_cli(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from sim.cli import build_parser, main
+    from validation.published import SINGLE_SUITES, SUITES
+    from validation.serving_suite import run_serving_nanoflow_suite
+
+    suite_choices = next(a for a in build_parser()._subparsers._group_actions[0].choices["validate"]._actions
+                         if a.dest == "suite").choices
+    assert set(suite_choices) == {*SUITES, "all", *SINGLE_SUITES}
+    main(["validate", "--suite", "serving-nanoflow", "--format", "json"])
+    suites = json.loads(capsys.readouterr().out)["suites"]
+    assert list(suites) == ["serving-nanoflow"]
+    metric = "total_tokens_per_s_per_gpu"
+    assert suites["serving-nanoflow"]["summary"][metric]["mape"] == run_serving_nanoflow_suite().mape(metric)
