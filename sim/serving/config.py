@@ -19,7 +19,7 @@ from sim.serving.schedulers import PREEMPTION_MODES
 from workloads.model import ModelSpec
 from workloads.precision import BYTES_PER_ELEMENT
 
-SCHEDULERS = ("static", "orca", "vllm", "sarathi", "disaggregated")
+SCHEDULERS = ("static", "orca", "inflight", "vllm", "sarathi", "disaggregated")
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 KV_PRECISIONS = ("bf16", "fp16", "fp8", "int4")

@@ -16,7 +16,7 @@ from sim.config import resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.runner import RunOptions
-from sim.serving.batching import OrcaScheduler, StaticScheduler
+from sim.serving.batching import InflightScheduler, OrcaScheduler, StaticScheduler
 from sim.serving.capacity import ReplicaMemory, replica_memory
 from sim.serving.config import (
     ServingSpec, check_model_parallelism, fit_precisions, parse_serving, resolve_replicas, resolve_token_budget,
@@ -89,6 +89,8 @@ def make_scheduler(spec: ServingSpec, model: ModelSpec, blocks: BlockManager, li
         return StaticScheduler(limits, blocks)
     if spec.scheduler == "orca":
         return OrcaScheduler(limits, blocks, reserve_tokens=spec.max_model_len or model.max_seq_len)
+    if spec.scheduler == "inflight":
+        return InflightScheduler(limits, blocks, reserve_tokens=0)
     return VllmScheduler(limits, blocks)
 
 
