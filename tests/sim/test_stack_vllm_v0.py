@@ -62,3 +62,17 @@ def test_v0_is_slower_than_v1_at_a_large_batch() -> None:
     v1 = simulate({**config, "serving": {"framework": "vllm"}}, RunOptions()).metrics()
     assert v0["framework"] == V0 and v1["framework"] == "vllm"
     assert v0["output_tokens_per_s"] < 0.8 * v1["output_tokens_per_s"]
+
+
+def test_without_chunked_prefill_the_token_budget_is_vllms_default_for_that_mode() -> None:
+    from sim.serving.config import resolve_token_budget
+
+    v0 = parse_serving({"framework": V0})
+    assert resolve_token_budget(v0, {}, 4096).max_batched_tokens == 4096  # max(max_model_len, 2048)
+    assert resolve_token_budget(v0, {}, 1024).max_batched_tokens == 2048
+    short = parse_serving({"framework": V0, "max_model_len": 8192})
+    assert resolve_token_budget(short, {"max_model_len": 8192}, 4096).max_batched_tokens == 8192
+    given = parse_serving({"framework": V0, "max_batched_tokens": 512})
+    assert resolve_token_budget(given, {"max_batched_tokens": 512}, 4096).max_batched_tokens == 512
+    v1 = parse_serving({})
+    assert resolve_token_budget(v1, {}, 4096).max_batched_tokens == 8192  # chunked: the chunked default
