@@ -76,3 +76,19 @@ def test_without_chunked_prefill_the_token_budget_is_vllms_default_for_that_mode
     assert resolve_token_budget(given, {"max_batched_tokens": 512}, 4096).max_batched_tokens == 512
     v1 = parse_serving({})
     assert resolve_token_budget(v1, {}, 4096).max_batched_tokens == 8192  # chunked: the chunked default
+
+
+def test_held_out_vllm_0_5_4_throughput_on_h100() -> None:
+    # Not used to size the profile: vLLM PR #7162 (alex-m, 2024-08-05) quotes main of that day (vLLM
+    # 0.5.4, V0) on benchmarks/benchmark_throughput.py --model meta-llama/Meta-Llama-3.1-8B-Instruct
+    # --input-len 512 --output-len 256 --num-prompts 1000 on 1 x H100: 19.48 requests/s, 14,962.18
+    # tokens/s. Llama 3.1's 131,072-token context makes 0.5.x turn chunked prefill on with a 512-token
+    # budget (EngineArgs.create_engine_config, max_model_len > 32K); llama3-8b has the same shapes.
+    config = {"model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1},
+              "serving": {"framework": V0, "chunked_prefill": True, "max_batched_tokens": 512},
+              "workload": {"arrival": "offline", "num_requests": 1000, "prompt_tokens": 512, "output_tokens": 256}}
+    published = 14_962.18
+    predicted = simulate(config, RunOptions()).metrics()["total_tokens_per_s"]
+    assert abs(predicted / published - 1) <= 0.12  # -7.6 % today
+    no_host = {**config, "serving": {**config["serving"], "step_overhead_us": 0.0, "request_overhead_us": 0.0}}
+    assert simulate(no_host, RunOptions()).metrics()["total_tokens_per_s"] > 1.6 * published  # the GPU alone: +78 %
