@@ -103,19 +103,15 @@ def trtllm_bench_engine_settings(row: Row) -> tuple[int, int]:
     max_requests = available_gb * TRTLLM_BENCH_KV_FRACTION / gib_per_token / (row.input_tokens + row.output_tokens)
     raw_bs = min(max_requests, TRTLLM_BENCH_MAX_BATCH_CAP)
     raw_tokens = min(raw_bs * (1 + row.input_tokens / row.output_tokens), TRTLLM_BENCH_MAX_TOKENS_CAP)
-    if raw_bs < 256:
-        max_bs = max(64, 32 * math.ceil(raw_bs / 32))
-    elif raw_bs < 1024:
-        max_bs = 128 * math.ceil(raw_bs / 128)
-    else:
-        max_bs = 256 * math.ceil(raw_bs / 256)
-    if raw_tokens < 4096:
-        max_tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
-    elif raw_tokens < 8192:
-        max_tokens = 512 * math.ceil(raw_tokens / 512)
-    else:
-        max_tokens = 1024 * math.ceil(raw_tokens / 1024)
-    return max_bs, max_tokens
+    return (_round_up(raw_bs, ((256, 32), (1024, 128)), 256, floor=64),
+            _round_up(raw_tokens, ((4096, 256), (8192, 512)), 1024, floor=2048))
+
+
+def _round_up(value: float, steps: tuple[tuple[int, int], ...], last_step: int, *, floor: int) -> int:
+    """finetune_setting's rounding: up to a multiple of the step of the first (below, step) band that
+    ``value`` is below (``last_step`` above them all), at least ``floor``."""
+    step = next((s for below, s in steps if value < below), last_step)
+    return max(floor, step * math.ceil(value / step))
 
 
 # NanoFlow's baselines ran each engine's defaults: 256 sequences per step, the default of vLLM's

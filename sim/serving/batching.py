@@ -48,6 +48,21 @@ class OrcaScheduler(VllmScheduler):
             )
         return ""
 
+    def _admit_head(self, now_s: float) -> bool:
+        """Admit the head of the queue if the KV blocks of its reservation are free (False: it waits)."""
+        request = self.waiting[0]
+        need = blocks_for(self._reservation(request), self.blocks.block_size)
+        if not self.blocks.can_allocate(need):
+            return False
+        self.waiting.popleft()
+        self.blocks.allocate(request.request_id, need)
+        request.reserved_tokens = self._reservation(request)
+        request.status = Status.RUNNING
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = now_s
+        self.running.append(request)
+        return True
+
     def _schedule(self, now_s: float) -> StepPlan:
         chunks: list[Chunk] = []
         budget = self.limits.max_batched_tokens
@@ -63,16 +78,8 @@ class OrcaScheduler(VllmScheduler):
                 break
             if n > budget and chunks:
                 break
-            need = blocks_for(self._reservation(request), self.blocks.block_size)
-            if not self.blocks.can_allocate(need):
+            if not self._admit_head(now_s):
                 break
-            self.waiting.popleft()
-            self.blocks.allocate(request.request_id, need)
-            request.reserved_tokens = self._reservation(request)
-            request.status = Status.RUNNING
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = now_s
-            self.running.append(request)
             chunks.append(Chunk(request, n, request.computed, False))
             budget -= n
             prefills += 1
@@ -151,18 +158,8 @@ class InflightScheduler(OrcaScheduler):
         limits = self.limits
         budget = limits.max_batched_tokens
         # capacity scheduler: admit while a slot and the whole request's KV are free
-        while self.waiting and len(self.running) < limits.max_num_seqs:
-            request = self.waiting[0]
-            need = blocks_for(self._reservation(request), self.blocks.block_size)
-            if not self.blocks.can_allocate(need):
-                break
-            self.waiting.popleft()
-            self.blocks.allocate(request.request_id, need)
-            request.reserved_tokens = self._reservation(request)
-            request.status = Status.RUNNING
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = now_s
-            self.running.append(request)
+        while self.waiting and len(self.running) < limits.max_num_seqs and self._admit_head(now_s):
+            pass
         schedulable = self._schedulable()
         chunks: list[Chunk] = []
         contexts: list[SimRequest] = []
