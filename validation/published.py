@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 SUITES = ("training", "serving")
+# one suite of the reports "training" / "serving" give, alone (`llmsim validate --suite NAME`)
+SINGLE_SUITES = ("training-modern", "serving-trtllm-0.14", "serving-nanoflow")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +157,15 @@ def with_calibration(config: Mapping[str, Any], calibration: str | None) -> dict
 
 
 def run_suites(name: str, fidelity: str = "des", calibration: str | None = None) -> Report:
-    """Run ``name`` ("training", "serving" or "all"); ``calibration`` as in ``with_calibration``."""
+    """Run ``name`` ("training", "serving", "all" or one of ``SINGLE_SUITES``); ``calibration`` as in
+    ``with_calibration``."""
+    if name in SINGLE_SUITES:
+        from validation import serving_suite, training_suite
+
+        run = {"training-modern": lambda: training_suite.run_training_modern_suite(fidelity=fidelity, calibration=calibration),
+               "serving-trtllm-0.14": lambda: serving_suite.run_serving_inflight_suite(calibration=calibration),
+               "serving-nanoflow": lambda: serving_suite.run_serving_nanoflow_suite(calibration=calibration)}[name]
+        return Report(suites=(run(),))
     names = SUITES if name == "all" else (name,)
     reports = []
     for suite in names:

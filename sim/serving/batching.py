@@ -1,4 +1,5 @@
-"""The two pre-PagedAttention batching baselines, with the same interface as ``VllmScheduler``.
+"""The pre-PagedAttention batching baselines and TensorRT-LLM's in-flight batcher, with the same
+interface as ``VllmScheduler``.
 
 - ``OrcaScheduler`` (Yu et al., OSDI'22): iteration-level batching. Every step runs one decode token
   of each running request plus whole prompts of newly admitted ones (token budget
@@ -9,6 +10,15 @@
   idle, up to ``max_num_seqs`` queued requests form a batch, memory for prompt + output reserved;
   one step prefills all prompts, then decode steps run the whole batch until its longest request is
   done. Finished members stay in the batch as padding (computed, discarded) until then.
+- ``InflightScheduler`` (TensorRT-LLM executor, 0.10+ in-flight batching as trtllm-bench runs it):
+  the capacity scheduler GUARANTEED_NO_EVICT admits queued requests first come first served while
+  fewer than ``max_num_seqs`` are active and the KV blocks of the request's whole length (prompt +
+  output) can be reserved; each step the micro-batch scheduler takes one token of every generating
+  request, then fills what is left of the ``max_batched_tokens`` budget (TensorRT-LLM
+  ``max_num_tokens``, context and generation tokens together) with context tokens, first come first
+  served. With ``chunked_prefill`` (``enable_chunked_context``) a prompt that does not fit is cut to
+  the budget, rounded down to whole KV blocks (TensorRT-LLM ``setCtxRequestsChunkSize``, chunk unit
+  ``tokens_per_block``); without it a prompt waits until it fits whole.
 """
 
 from __future__ import annotations
@@ -38,6 +48,21 @@ class OrcaScheduler(VllmScheduler):
             )
         return ""
 
+    def _admit_head(self, now_s: float) -> bool:
+        """Admit the head of the queue if the KV blocks of its reservation are free (False: it waits)."""
+        request = self.waiting[0]
+        need = blocks_for(self._reservation(request), self.blocks.block_size)
+        if not self.blocks.can_allocate(need):
+            return False
+        self.waiting.popleft()
+        self.blocks.allocate(request.request_id, need)
+        request.reserved_tokens = self._reservation(request)
+        request.status = Status.RUNNING
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = now_s
+        self.running.append(request)
+        return True
+
     def _schedule(self, now_s: float) -> StepPlan:
         chunks: list[Chunk] = []
         budget = self.limits.max_batched_tokens
@@ -53,16 +78,8 @@ class OrcaScheduler(VllmScheduler):
                 break
             if n > budget and chunks:
                 break
-            need = blocks_for(self._reservation(request), self.blocks.block_size)
-            if not self.blocks.can_allocate(need):
+            if not self._admit_head(now_s):
                 break
-            self.waiting.popleft()
-            self.blocks.allocate(request.request_id, need)
-            request.reserved_tokens = self._reservation(request)
-            request.status = Status.RUNNING
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = now_s
-            self.running.append(request)
             chunks.append(Chunk(request, n, request.computed, False))
             budget -= n
             prefills += 1
@@ -131,3 +148,41 @@ class StaticScheduler(VllmScheduler):
             self.batch = []
             self.running = []
         return left
+
+
+class InflightScheduler(OrcaScheduler):
+    """TensorRT-LLM's in-flight batcher: GUARANTEED_NO_EVICT admission, generation tokens first, then
+    context chunks first come first served in the rest of the token budget (module docstring)."""
+
+    def _schedule(self, now_s: float) -> StepPlan:
+        limits = self.limits
+        budget = limits.max_batched_tokens
+        # capacity scheduler: admit while a slot and the whole request's KV are free
+        while self.waiting and len(self.running) < limits.max_num_seqs and self._admit_head(now_s):
+            pass
+        schedulable = self._schedulable()
+        chunks: list[Chunk] = []
+        contexts: list[SimRequest] = []
+        for request in schedulable:
+            if request.in_decode:
+                if budget <= 0:
+                    break
+                chunks.append(Chunk(request, 1, request.computed, True))
+                budget -= 1
+            else:
+                contexts.append(request)
+        unit = self.blocks.block_size
+        for request in contexts:
+            if budget <= 0:
+                break
+            remaining = request.remaining_tokens
+            n = remaining
+            if remaining > budget:
+                if not limits.chunked_prefill:
+                    continue  # an unchunked prompt waits until it fits whole
+                n = budget // unit * unit
+                if n <= 0:
+                    break
+            chunks.append(Chunk(request, n, request.computed, False))
+            budget -= n
+        return StepPlan(chunks=tuple(chunks))

@@ -19,7 +19,7 @@ from sim.serving.schedulers import PREEMPTION_MODES
 from workloads.model import ModelSpec
 from workloads.precision import BYTES_PER_ELEMENT
 
-SCHEDULERS = ("static", "orca", "vllm", "sarathi", "disaggregated")
+SCHEDULERS = ("static", "orca", "inflight", "vllm", "sarathi", "disaggregated")
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 KV_PRECISIONS = ("bf16", "fp16", "fp8", "int4")
@@ -176,7 +176,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         prefix_caching=_bool(table, "prefix_caching", w, False),
         replicas=_int(table, "replicas", w, 1),
         router=_choice(table, "router", w, "least_outstanding", ROUTERS),
-        chunked_prefill=_bool(table, "chunked_prefill", w, True),
+        chunked_prefill=settings["chunked_prefill"],
         preemption_mode=_choice(table, "preemption_mode", w, "recompute", PREEMPTION_MODES),
         swap_space_bytes=_float(table, "swap_space_GiB", w, DEFAULT_SWAP_SPACE_GIB, 0.0, 1e6) * GiB,
         step_overhead_s=settings["step_overhead_us"] * us,
@@ -305,6 +305,20 @@ def resolve_replicas(spec: ServingSpec, table: Mapping[str, Any], num_gpus: Any)
             f"set num_gpus = {needed}, or add replicas to use the other {num_gpus - needed}"
         )
     return spec, derived
+
+
+# vLLM SchedulerConfig without chunked prefill (V0 0.5.x vllm/config.py; V1 keeps the rule): a step must
+# hold a whole prompt, so the default token budget is max(max_model_len, 2048), not the chunked default
+UNCHUNKED_MIN_TOKEN_BUDGET = 2048
+
+
+def resolve_token_budget(spec: ServingSpec, table: Mapping[str, Any], model_max_len: int) -> ServingSpec:
+    """The vllm scheduler's token budget when ``max_batched_tokens`` is not given and chunked prefill
+    is off: vLLM's default for that mode, max(max_model_len, 2048) (``model_max_len`` is the model's
+    context when ``max_model_len`` is not given); otherwise the spec as it is."""
+    if "max_batched_tokens" in table or spec.chunked_prefill or spec.scheduler != "vllm":
+        return spec
+    return replace(spec, max_batched_tokens=max(spec.max_model_len or model_max_len, UNCHUNKED_MIN_TOKEN_BUDGET))
 
 
 def fit_precisions(spec: ServingSpec, table: Mapping[str, Any], gpu: Any) -> ServingSpec:

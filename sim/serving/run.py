@@ -16,10 +16,11 @@ from sim.config import resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
 from sim.notices import warn
 from sim.runner import RunOptions
-from sim.serving.batching import OrcaScheduler, StaticScheduler
+from sim.serving.batching import InflightScheduler, OrcaScheduler, StaticScheduler
 from sim.serving.capacity import ReplicaMemory, replica_memory
 from sim.serving.config import (
-    ServingSpec, check_model_parallelism, fit_precisions, parse_serving, resolve_replicas, serving_gpus,
+    ServingSpec, check_model_parallelism, fit_precisions, parse_serving, resolve_replicas, resolve_token_budget,
+    serving_gpus,
 )
 from sim.serving.engine import (
     AcceptanceSampler, Replica, Router, StageCost, StepCost, StepEvent, admit, arrivals, one_token,
@@ -88,6 +89,8 @@ def make_scheduler(spec: ServingSpec, model: ModelSpec, blocks: BlockManager, li
         return StaticScheduler(limits, blocks)
     if spec.scheduler == "orca":
         return OrcaScheduler(limits, blocks, reserve_tokens=spec.max_model_len or model.max_seq_len)
+    if spec.scheduler == "inflight":
+        return InflightScheduler(limits, blocks, reserve_tokens=0)
     return VllmScheduler(limits, blocks)
 
 
@@ -323,6 +326,7 @@ def simulate_serving(
     spec, derived = resolve_replicas(spec, section(config, "serving"), section(config, "cluster").get("num_gpus"))
     cluster = resolve_cluster(config, default_num_gpus=serving_gpus(spec))
     spec = fit_precisions(spec, section(config, "serving"), cluster.gpu)
+    spec = resolve_token_budget(spec, section(config, "serving"), model.max_seq_len)
     check_context(request_specs, spec, model, section(config, "workload"))
     system = build_system(spec, model, cluster)
     check_room_for_kv(system)

@@ -31,8 +31,9 @@ DEFAULT_FRAMEWORK = {"training": "megatron-core", "serving": "vllm"}
 SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
     "training": {
         "attention_kernel": ("training", ("flash", "flash1", "unfused")),
-        "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16")),
+        "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16", "16bit")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
+        "optimizer_kernels": ("training", ("fused", "per_op")),
         "fp8_recipe": ("training", ("delayed", "current")),
         "fp8_params": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
@@ -45,6 +46,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "decode_attention": ("serving", ("shared_kv", "per_query_head", "xqa")),
         "kv_cache_memory": ("serving", ("total_fraction", "free_fraction")),
         "tp_all_reduce": ("serving", ("nccl", "trtllm", "vllm", "sglang")),
+        "chunked_prefill": ("serving", bool),
     },
 }
 

@@ -21,7 +21,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
+    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
     "failures",
 )
 PARALLEL_KEYS = (
@@ -98,6 +98,11 @@ class TrainingSetup:
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
     main_grad_accumulation: str = "fused"
+    # the optimizer step's kernels: "fused" (one multi-tensor-apply pass over the states, Apex /
+    # Transformer Engine FusedAdam, torch fused AdamW) | "per_op" (one elementwise kernel per
+    # operation of the update, torch's for-loop AdamW / Composer DecoupledAdamW; gradient clipping
+    # always scales the gradients); see sim.training.data_parallel.optimizer_bytes_per_parameter
+    optimizer_kernels: str = "fused"
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
     fp8_recipe: str = "delayed"
@@ -231,8 +236,11 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     if grad_reduce == "auto":
         # Megatron's rule: fp16 training reduces 16-bit gradients, bf16 (and fp8) needs fp32
         grad_reduce = "fp16" if job.precision == "fp16" else "fp32"
+    elif grad_reduce == "16bit":
+        # the run's 16-bit dtype whatever the precision (Composer FSDP mixed_precision PURE)
+        grad_reduce = "fp16" if job.precision == "fp16" else "bf16"
     elif grad_reduce == "bf16" and job.precision == "fp16":
-        raise ConfigError("[training] grad_reduce_dtype = 'bf16' with precision 'fp16'; allowed: auto, fp32")
+        raise ConfigError("[training] grad_reduce_dtype = 'bf16' with precision 'fp16'; allowed: auto, fp32, 16bit")
 
     tp = _int(parallel, "tp", "parallel", 1)
     pp = _int(parallel, "pp", "parallel", 1)
@@ -326,6 +334,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         ),
         framework=stack.name,
         main_grad_accumulation=settings["main_grad_accumulation"],
+        optimizer_kernels=settings["optimizer_kernels"],
         fp8_recipe=settings["fp8_recipe"],
         fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
         checkpoint=checkpoint,

@@ -36,12 +36,32 @@ MASTER_TO_MODEL_BYTES_PER_PARAMETER = 4.0 + 2.0
 GRAD_NORM_BYTES_PER_PARAMETER = 4.0
 ZERO_GRAD_BYTES_PER_PARAMETER = 4.0
 FP16_UNSCALE_BYTES_PER_PARAMETER = 8.0
+# Adam as one elementwise kernel per operation (``optimizer_kernels = "per_op"``): Composer's
+# DecoupledAdamW.adamw (composer/optim/decoupled_weight_decay.py, as llm-foundry's decoupled_adamw
+# runs it) and torch's for-loop AdamW run, per fp32 tensor: param.mul_ (read 4, write 4),
+# exp_avg.mul_ (8), .add_(grad) (12), exp_avg_sq.mul_ (8), .addcmul_(grad, grad) (12), sqrt into a
+# new tensor (8), divide by sqrt(bias correction) (8), .add_(eps) (8), param.addcdiv_(exp_avg,
+# denom) (16): 88 bytes where the fused multi-tensor kernel moves 28.
+PER_OP_ADAM_BYTES_PER_PARAMETER = 8.0 + 8.0 + 12.0 + 8.0 + 12.0 + 8.0 + 8.0 + 8.0 + 16.0
+# torch.nn.utils.clip_grad_norm_ and FSDP's clip_grad_norm_ multiply every gradient by the clamped
+# coefficient whether or not it clips (read 4, write 4); Megatron scales only when it clips
+CLIP_SCALE_BYTES_PER_PARAMETER = 8.0
+OPTIMIZER_KERNELS = ("fused", "per_op")
 
 
-def optimizer_bytes_per_parameter(optimizer: str, precision: str) -> float:
-    """HBM traffic of one optimizer step per parameter of the rank's shard (see the constants)."""
-    update = ADAM_BYTES_PER_PARAMETER if optimizer == "adam" else SGD_BYTES_PER_PARAMETER
+def optimizer_bytes_per_parameter(optimizer: str, precision: str, kernels: str = "fused") -> float:
+    """HBM traffic of one optimizer step per parameter of the rank's shard (see the constants);
+    ``kernels`` "per_op" runs Adam one elementwise kernel per operation (SGD's update is one pass either way)."""
+    if kernels not in OPTIMIZER_KERNELS:
+        raise ValueError(f"optimizer kernels {kernels!r}; allowed: {', '.join(OPTIMIZER_KERNELS)}")
+    per_op = kernels == "per_op"
+    if optimizer == "adam":
+        update = PER_OP_ADAM_BYTES_PER_PARAMETER if per_op else ADAM_BYTES_PER_PARAMETER
+    else:
+        update = SGD_BYTES_PER_PARAMETER
     extra = MASTER_TO_MODEL_BYTES_PER_PARAMETER + GRAD_NORM_BYTES_PER_PARAMETER + ZERO_GRAD_BYTES_PER_PARAMETER
+    if per_op:
+        extra += CLIP_SCALE_BYTES_PER_PARAMETER
     if precision == "fp16":
         extra += FP16_UNSCALE_BYTES_PER_PARAMETER
     return update + extra
@@ -203,7 +223,7 @@ def optimizer_time_for_parameters_s(
     plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
     sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
     shard = params / sharded_over if plan.zero >= 1 else params
-    per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision)
+    per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision, setup.optimizer_kernels)
     if plan.offload == "none":
         seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
     else:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sim.serving.batching import OrcaScheduler, StaticScheduler
+from sim.serving.batching import InflightScheduler, OrcaScheduler, StaticScheduler
 from sim.serving.kv_cache import BlockManager
 from sim.serving.request import SimRequest, Status
 from sim.serving.schedulers import BatchLimits, VllmScheduler
@@ -107,6 +107,44 @@ def test_orca_reserves_maximum_length_up_front() -> None:
     plan = s.schedule(0.0)
     assert _shape(plan) == [(0, 4, False), (1, 4, False)]  # 5 blocks each: the third must wait
     assert blocks.available == 0
+
+
+def test_inflight_generation_first_then_fcfs_context_chunks_in_whole_blocks() -> None:
+    # TensorRT-LLM's in-flight batcher: GUARANTEED_NO_EVICT reserves prompt + output up front; each
+    # step takes every generating request's token, then context chunks in the rest of the budget,
+    # first come first served, a cut chunk rounded down to whole KV blocks (4 tokens here)
+    blocks = BlockManager(9, 4)
+    s = InflightScheduler(BatchLimits(max_num_seqs=3, max_batched_tokens=10), blocks, reserve_tokens=0)
+    s.add(_req(0, 6, 2), 0.0)  # 8 tokens: 2 blocks
+    s.add(_req(1, 13, 3), 0.0)  # 16 tokens: 4 blocks
+    s.add(_req(2, 5, 3), 0.0)  # 8 tokens: 2 blocks
+    s.add(_req(3, 4, 1), 0.0)  # would fit the blocks left (1 block), but max_num_seqs = 3 holds it
+    plan = s.schedule(0.0)
+    # request 0 whole (6), then request 1 cut from 13 to the 4 budget tokens left, in whole blocks
+    assert _shape(plan) == [(0, 6, False), (1, 4, False)]
+    assert blocks.available == 1 and len(s.running) == 3  # all three reserved their whole length
+    s.complete(plan, 1.0)
+    plan = s.schedule(1.0)
+    # the generating request first, then request 1's remaining 9 tokens fill the budget; request 2 waits
+    assert _shape(plan) == [(0, 1, True), (1, 9, False)]
+    assert [c.context_tokens for c in plan.chunks] == [6, 4]
+    done = s.complete(plan, 2.0)
+    assert [r.request_id for r in done] == [0]  # prefill's token + one decode = its 2 outputs
+    plan = s.schedule(2.0)
+    # request 0's slot and blocks are free: request 3 is admitted behind request 2
+    assert _shape(plan) == [(1, 1, True), (2, 5, False), (3, 4, False)]
+    assert s.num_preemptions == 0
+
+
+def test_inflight_without_context_chunking_a_prompt_waits_to_fit_whole() -> None:
+    s = InflightScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=8, chunked_prefill=False),
+                          BlockManager(100, 4), reserve_tokens=0)
+    s.add(_req(0, 6, 3), 0.0)
+    s.add(_req(1, 7, 2), 0.0)
+    plan = s.schedule(0.0)
+    assert _shape(plan) == [(0, 6, False)]  # request 1's 7 tokens do not fit the 2 left: no chunk
+    s.complete(plan, 1.0)
+    assert _shape(s.schedule(1.0)) == [(0, 1, True), (1, 7, False)]
 
 
 def test_static_batch_runs_to_completion_with_padding() -> None:

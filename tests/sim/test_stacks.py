@@ -20,7 +20,7 @@ from sim.training.run import simulate_training
 
 TRAINING_STACKS = {"megatron-2021", "deepspeed-zero-2021", "megatron-core", "torchtitan", "llm-foundry", "nemo",
                    "megatron-bridge"}
-SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "fastertransformer"}
+SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "vllm-0.5", "fastertransformer"}
 
 
 def test_catalog_holds_every_stack_with_every_setting_sourced() -> None:
@@ -288,3 +288,35 @@ def test_fp8_bf16_edge_layers_run_16_bit_gemms() -> None:
     assert two - one == pytest.approx(one - none, rel=1e-6)  # each bf16 layer pair costs the same
     with pytest.raises(ConfigError, match="fp8_bf16_edge_layers = 17"):
         parse_training({**base, "training": {**base["training"], "fp8_bf16_edge_layers": 17}})
+
+
+def test_per_op_optimizer_kernels_move_the_counted_bytes_of_each_adam_operation() -> None:
+    """Composer's DecoupledAdamW (llm-foundry) runs Adam one in-place op per step: 88 bytes per fp32
+    parameter against the fused kernel's 28, and torch's gradient clipping always scales (8 more):
+    the step costs exactly (88 + 8 - 28) more bytes per parameter of the shard at the same bandwidth."""
+    from sim import costmodel
+    from sim.training.data_parallel import optimizer_bytes_per_parameter, optimizer_time_s, stage_parameters_per_rank
+    from workloads.graph import Op
+
+    assert optimizer_bytes_per_parameter("adam", "bf16", "per_op") - optimizer_bytes_per_parameter("adam", "bf16") == 68.0
+    assert optimizer_bytes_per_parameter("sgd", "bf16", "per_op") == optimizer_bytes_per_parameter("sgd", "bf16") + 8.0
+    base = {**_config(framework="llm-foundry"), "parallel": {"tp": 1, "pp": 1, "zero": 3}}
+    foundry = parse_training(base)
+    # the benchmark table's Composer mixed_precision DEFAULT reduces in fp32 (fp16 for fp16, the auto
+    # rule); PURE ("16bit") reduces in the run's 16-bit dtype: fp16 here, bf16 for a bf16 run
+    assert foundry.optimizer_kernels == "per_op" and foundry.grad_reduce_dtype == "fp16"
+    bf16 = {**base, "training": {**base["training"], "precision": "bf16"}}
+    assert parse_training(bf16).grad_reduce_dtype == "fp32"
+    pure = parse_training({**bf16, "training": {**bf16["training"], "grad_reduce_dtype": "16bit"}})
+    assert pure.grad_reduce_dtype == "bf16" and pure.grad_reduce_bytes == 2.0
+    fused = parse_training({**base, "training": {**base["training"], "optimizer_kernels": "fused"}})
+    assert fused.optimizer_kernels == "fused" and parse_training(_config()).optimizer_kernels == "fused"
+    links = group_links(foundry, 0)
+    shard = stage_parameters_per_rank(foundry, 0) / 8
+    gpu = foundry.cluster.gpu
+    for setup, per_param in ((foundry, 88.0 + 8.0), (fused, 28.0)):
+        step = Op(name="optimizer", kind="memory", bytes_moved=shard * (per_param + 6.0 + 4.0 + 4.0 + 8.0))  # + fp16 unscale
+        expected = costmodel.op_time_s(step, gpu, precision="fp16", links=links)
+        assert optimizer_time_s(setup, 0, links) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ConfigError, match="optimizer_kernels = 'sometimes'; allowed: fused, per_op"):
+        parse_training({**base, "training": {**base["training"], "optimizer_kernels": "sometimes"}})

@@ -56,7 +56,7 @@ def test_the_report_fails_when_a_threshold_is_exceeded(report: SuiteReport) -> N
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the issue's 7 % target is not met
-    # (17.6 %, signed -16.8 %): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # (16.1 %, signed -14.9 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
@@ -64,9 +64,14 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert not modern.failures(), modern.failures()
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {"nemo", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.19 and MODERN_THRESHOLDS[0].max_row_error <= 0.36
-    assert modern.mape("iteration_time_s") <= 0.18
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.17 and MODERN_THRESHOLDS[0].max_row_error <= 0.29
+    assert modern.mape("iteration_time_s") <= 0.165
     errors = {c.row: c.error for c in modern.comparisons}
+    # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
+    # (train_step_timing; the logged throughput also counts the validation runs)
+    mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
+    assert len(mlperf) == 5 and all(c.config["parallel"]["virtual_stages"] == 12 for c in mlperf)
+    assert all(11.0 < c.published < 12.2 or 1.6 < c.published < 1.63 for c in mlperf)
     # mechanisms of this issue, each with a row it moves: llm-foundry's FA1-class attention and fp8 GEMMs at
     # the fp8 MAMF fraction bring these within 15 % (were -27.7 %, -20.4 %)
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.15 and abs(errors["nemo-llama2-7b"]) <= 0.16
