@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Sequence
 
 from sim.runner import RunOptions
 from sim.training.config import TrainingSetup
-from sim.training.estimate import estimate_training, memory_terms
+from sim.training.estimate import estimate_training, estimate_trainings, memory_terms
 from sim.training.activations import inflight_microbatches
 from sim.training.memory import stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
@@ -110,13 +110,14 @@ def program_key(context: Context, candidate: Candidate) -> tuple[str, int, int, 
 def program_batches(contexts: Sequence[Context], candidates: Sequence[Candidate], size: int) -> list[list[int]]:
     """Candidate indices in batches of about ``size`` that never split the candidates of one pipeline
     program (``program_key``), so that each program is computed by one worker; the batches of the
-    largest programs first (they take longest), programs of one schedule and of about one size
-    (within a factor 2) together (they are generated and executed side by side,
+    longest programs first (they take longest), programs of one schedule and of about one length
+    (micro-batches x chunks per stage, within a factor 2: the time steps of their generation and
+    execution) together (they are generated and executed side by side, as lanes of one array,
     ``prepare_program_profiles``), each batch in enumeration order."""
     groups: dict[tuple[str, int, int, int], list[int]] = {}
     for index, candidate in enumerate(candidates):
         groups.setdefault(program_key(contexts[candidate.context], candidate), []).append(index)
-    keys = sorted(groups, key=lambda k: (-(k[1] * k[2] * k[3]).bit_length(), k[0], -k[1] * k[2] * k[3], k))
+    keys = sorted(groups, key=lambda k: (-(k[2] * k[3]).bit_length(), k[0], -k[1] * k[2] * k[3], k))
     out: list[list[int]] = []
     current: list[int] = []
     for key in keys:
@@ -140,7 +141,8 @@ def prepare_programs(contexts: Sequence[Context], candidates: Sequence[Candidate
 def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candidate]) -> list[Screened]:
     """Prune or price every candidate of ``batch`` (a top-level function: picklable for pools and dask).
     Every rule but the last (the pipeline program) is checked first; the programs of the plans left
-    are computed together (``prepare_program_profiles``), then checked and priced one by one."""
+    are computed together (``prepare_program_profiles``), then checked and bounded one by one, and
+    the plans left priced together (``estimate_trainings``)."""
     worker = _worker(token, contexts)
     setups: list[TrainingSetup | Screened] = []
     for candidate in batch:
@@ -152,7 +154,7 @@ def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candid
         (s.plan.schedule, s.plan.pp, s.num_microbatches, s.plan.virtual_stages) for s in setups
         if isinstance(s, TrainingSetup)
     )
-    out = []
+    out: list[Screened | TrainingSetup] = []
     for candidate, setup in zip(batch, setups):
         if isinstance(setup, Screened):
             out.append(setup)
@@ -164,12 +166,14 @@ def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candid
             out.append(Screened(rule_of(str(exc), worker.rules), None, None))
             continue
         floor = memory_floor_bytes(setup, candidate, worker)
-        if floor > setup.cluster.gpu.hbm_capacity_bytes:
-            out.append(Screened(MEMORY_RULE, floor, None))
-            continue
-        metrics = estimate_training(setup, worker.cache)
-        out.append(Screened(None, None, tuple(metrics[k] for k in SCREEN_METRICS)))
-    return out
+        out.append(Screened(MEMORY_RULE, floor, None) if floor > setup.cluster.gpu.hbm_capacity_bytes else setup)
+    # the plans left, priced together (their per-stage longest paths in one pass per program)
+    priced = iter(estimate_trainings([s for s in out if isinstance(s, TrainingSetup)], worker.cache))
+    for i, setup in enumerate(out):
+        if isinstance(setup, TrainingSetup):
+            metrics = next(priced)
+            out[i] = Screened(None, None, tuple(metrics[k] for k in SCREEN_METRICS))
+    return out  # type: ignore[return-value]
 
 
 def price_candidate(token: str, contexts: Sequence[Context], candidate: Candidate) -> dict[str, Any]:

@@ -20,7 +20,6 @@ over stages still run in stage order, so grouping changes no float.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
@@ -203,10 +202,8 @@ def pipeline_phase(
             seconds_of.append(2.0 * seconds)
         for boundary in profile.p2p_boundaries:
             p2p += seconds_of[boundary]
-    spans = None
-    fused_one_chunk = v == 1 and all(f == b == w for f, b, w in profile.critical_paths)
-    if not fused_one_chunk and len({id(chunk_of[k]) for k in stage_class}) > 1:
-        spans = _priced_spans(schedule, chunk_of, stage_class, m, v)  # stages that differ
+    request = spans_request(chunk_of, stage_class, schedule=schedule, num_microbatches=m, virtual_stages=v)
+    spans = longest_paths(request) if request is not None else None  # stages that differ
     pipeline = (max(spans[1]) if spans else _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v)) + p2p
     busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
@@ -271,29 +268,71 @@ def _program_time(
     return max(_stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v)))
 
 
-def _priced_spans(
-    schedule: str, chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], m: int, v: int
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(start, finish) of every stage on stages that differ: the longest paths of the program's
-    dependency graph with every op at its own stage's chunk time (``schedules.program_graph``, a
-    max-plus pass level by level, as the DES runs it without communication). The uniform-stage
-    closed form would price every op at the slowest stage's chunk, idling a heavy stage whose
-    neighbours have slack as if all were as slow (a V schedule with the naive vocabulary placement
-    holds the embedding and the LM head on stage 0: a third too slow)."""
+# (schedule, pp, micro-batches, chunks per stage, the price of every (stage, local chunk, kind) slot)
+SpansRequest = tuple[str, int, int, int, tuple[float, ...]]
+Spans = tuple[tuple[float, ...], tuple[float, ...]]  # (start, finish) of every stage
+
+
+def spans_request(
+    chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], *, schedule: str, num_microbatches: int,
+    virtual_stages: int,
+) -> SpansRequest | None:
+    """What ``pipeline_phase`` prices on stages that differ (None: its closed form is exact): the
+    longest paths of the program's dependency graph with every op at its own stage's chunk time
+    (``longest_paths``). The uniform-stage closed form would price every op at the slowest stage's
+    chunk, idling a heavy stage whose neighbours have slack as if all were as slow (a V schedule
+    with the naive vocabulary placement holds the embedding and the LM head on stage 0: a third too
+    slow). With one chunk per stage and a fused backward the closed form is kept."""
+    m, p, v = num_microbatches, len(stage_class), virtual_stages
+    profile = program_profile(schedule, p, m, v)
+    if v == 1 and all(f == b == w for f, b, w in profile.critical_paths):
+        return None
+    if len({id(chunk_of[k]) for k in stage_class}) <= 1:
+        return None
     price: list[float] = []
     for k in stage_class:
         for chunk in chunk_of[k].chunks:
             price += (chunk.forward_s, chunk.backward_input_s, chunk.backward_weight_s,
                       chunk.backward_input_s + chunk.backward_weight_s)
-    return _longest_paths(schedule, len(stage_class), m, v, tuple(price))
+    return (schedule, p, m, v, tuple(price))
 
 
-@lru_cache(maxsize=4096)  # a search prices plans that differ only in their data-parallel work alike
-def _longest_paths(
-    schedule: str, pp: int, m: int, v: int, price: tuple[float, ...]
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    starts, finishes = program_graph(schedule, pp, m, v).longest_paths(np.array(price))
-    return tuple(starts.tolist()), tuple(finishes.tolist())
+# priced spans per request: a search prices plans that differ only in their data-parallel work
+# alike; bounded (emptied when full: results never depend on it)
+_SPANS: dict[SpansRequest, Spans] = {}
+MAX_SPANS = 4096
+_SPANS_BATCH_VALUES = 1 << 22  # ops x requests priced in one pass (the pass's float table)
+
+
+def longest_paths(request: SpansRequest) -> Spans:
+    """(start, finish) of every stage: the longest paths of the program's dependency graph
+    (``schedules.program_graph``, a max-plus pass level by level, as the DES runs it without
+    communication) with every op at its slot's price; memoized."""
+    spans = _SPANS.get(request)
+    if spans is None:
+        prepare_longest_paths([request])
+        spans = _SPANS[request]
+    return spans
+
+
+def prepare_longest_paths(requests: Sequence[SpansRequest]) -> None:
+    """``longest_paths`` of many requests at once: those of one program in one level-by-level pass
+    over a table of their prices side by side (the same float operations per request as alone)."""
+    by_program: dict[tuple[str, int, int, int], dict[SpansRequest, None]] = {}
+    for request in requests:
+        if request not in _SPANS:
+            by_program.setdefault(request[:4], {})[request] = None
+    if len(_SPANS) + sum(map(len, by_program.values())) > MAX_SPANS:
+        _SPANS.clear()
+    for key, wanted in by_program.items():
+        graph = program_graph(*key)
+        pending = list(wanted)
+        per_pass = max(1, _SPANS_BATCH_VALUES // len(graph.slot))
+        for i in range(0, len(pending), per_pass):
+            chunk = pending[i : i + per_pass]
+            starts, finishes = graph.longest_paths(np.ascontiguousarray(np.array([r[4] for r in chunk]).T))
+            for request, start, finish in zip(chunk, starts.T.tolist(), finishes.T.tolist()):
+                _SPANS[request] = (tuple(start), tuple(finish))
 
 
 def _pass_prices(chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], v: int) -> tuple[float, float, float]:

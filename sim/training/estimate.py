@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import fields
 from operator import attrgetter
-from typing import Any
+from typing import Any, Sequence
 
-from sim.training.analytic import finish_iteration, pipeline_phase
+from sim.training.analytic import finish_iteration, pipeline_phase, prepare_longest_paths, spans_request
 from sim.training.config import TrainingSetup
 from sim.training.iteration import IterationClasses, PricingKeys, build_iteration_classes, job_values, pricing_keys
 from sim.training.memory import (
@@ -121,14 +121,22 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
     )
 
 
-def _evaluate(setup: TrainingSetup, keys: PricingKeys, cache: PricingCache) -> dict[str, Any]:
-    priced = build_iteration_classes(setup, cache, keys=keys)
+def _phase_key(keys: PricingKeys, priced: IterationClasses) -> tuple[Any, ...]:
+    # the first part of analytic_iteration_classes depends on the chunks alone (chunk context,
+    # layout, schedule), so plans differing only in their data-parallel work share it
+    return (keys.chunk, priced.layout.key, priced.schedule)
+
+
+def _evaluate(
+    setup: TrainingSetup, keys: PricingKeys, cache: PricingCache, priced: IterationClasses | None = None
+) -> dict[str, Any]:
+    if priced is None:
+        priced = build_iteration_classes(setup, cache, keys=keys)
     layout = priced.layout
-    # analytic_iteration_classes in its two parts; the first depends on the chunks alone (chunk
-    # context, layout, schedule), so plans differing only in their data-parallel work share it
+    # analytic_iteration_classes in its two parts (pipeline_phase, then finish_iteration)
     phase = cache.memo(
         "pipeline_phase",
-        (keys.chunk, layout.key, priced.schedule),
+        _phase_key(keys, priced),
         lambda: pipeline_phase(
             priced.chunks,
             layout.stage_class,
@@ -160,7 +168,34 @@ def estimate_training(setup: TrainingSetup, cache: PricingCache | None = None) -
     ``cache`` to every call of a search. The returned dict is the caller's to modify."""
     cache = cache if cache is not None else PricingCache()
     keys = pricing_keys(setup, cache)
-    metrics = cache.memo("estimate", keys.setup, lambda: _evaluate(setup, keys, cache))
+    return _metrics(setup, cache.memo("estimate", keys.setup, lambda: _evaluate(setup, keys, cache)))
+
+
+def estimate_trainings(setups: Sequence[TrainingSetup], cache: PricingCache) -> list[dict[str, Any]]:
+    """``estimate_training`` of every setup (the same numbers), faster for many: the per-stage
+    longest paths that their pipeline phases need (``analytic.spans_request``) are priced together,
+    those of one program in one pass (``analytic.prepare_longest_paths``)."""
+    keyed = [(setup, pricing_keys(setup, cache)) for setup in setups]
+    priced_of: dict[Any, IterationClasses] = {}
+    requests = []
+    for setup, keys in keyed:
+        if keys.setup in priced_of or cache.get("estimate", keys.setup) is not None:
+            continue
+        priced = priced_of[keys.setup] = build_iteration_classes(setup, cache, keys=keys)
+        if cache.get("pipeline_phase", _phase_key(keys, priced)) is None:
+            request = spans_request(priced.chunks, priced.layout.stage_class, schedule=priced.schedule,
+                                    num_microbatches=priced.num_microbatches, virtual_stages=priced.virtual_stages)
+            if request is not None:
+                requests.append(request)
+    prepare_longest_paths(requests)
+    return [
+        _metrics(setup, cache.memo("estimate", keys.setup, lambda: _evaluate(setup, keys, cache, priced_of.get(keys.setup))))
+        for setup, keys in keyed
+    ]
+
+
+def _metrics(setup: TrainingSetup, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The caller's copy of memoized metrics, with the goodput fields."""
     out = dict(metrics)
     for key in _NESTED_METRICS:
         out[key] = dict(out[key])

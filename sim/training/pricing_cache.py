@@ -74,6 +74,11 @@ class PricingCache:
         table[key] = value
         return value
 
+    def get(self, namespace: str, key: Hashable) -> Any:
+        """The value ``memo`` holds for ``key`` in ``namespace``, or None."""
+        table = self._tables.get(namespace)
+        return None if table is None else table.get(key)
+
     def intern(self, key: Hashable) -> int:
         """A small integer standing for ``key`` (equal keys, equal ids) for the cache's lifetime."""
         found = self._ids.get(key)

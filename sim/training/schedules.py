@@ -639,6 +639,23 @@ def _pareto(vectors: tuple[Vector, ...]) -> tuple[Vector, ...]:
     return tuple(kept)
 
 
+def _pareto_lanes(counts: np.ndarray) -> list[tuple[Vector, ...]]:
+    """``_pareto`` of every lane's (F, B, W) rows of ``counts`` (lanes, rows, 3), each distinct
+    row made a tuple once (rows repeat: many weightings share a path), found by sorting the rows
+    packed into one integer (21 bits per count)."""
+    if len(counts) and int(counts.max()) >= 1 << 21:  # counts too large to pack
+        return [_pareto(tuple(map(tuple, lane))) for lane in counts.tolist()]
+    code = (counts[:, :, 0].astype(np.int64) << 42) | (counts[:, :, 1].astype(np.int64) << 21) | counts[:, :, 2]
+    code.sort(axis=1)
+    distinct = np.ones(code.shape, dtype=bool)
+    distinct[:, 1:] = code[:, 1:] != code[:, :-1]
+    lanes, columns = np.nonzero(distinct)
+    values = code[lanes, columns]
+    vectors = list(zip((values >> 42).tolist(), ((values >> 21) & (1 << 21) - 1).tolist(), (values & (1 << 21) - 1).tolist()))
+    bounds = np.searchsorted(lanes, np.arange(len(counts) + 1)).tolist()
+    return [_pareto(tuple(vectors[i:j])) for i, j in zip(bounds[:-1], bounds[1:])]
+
+
 # What one op adds to a path at every tracked weighting: rows (weighted time, F, B, W counts), as
 # one int64 array so that the executor updates all weightings of many ops in one operation.
 _WEIGHT_MATRIX = np.array(_WEIGHTS, dtype=np.int64)
@@ -798,10 +815,10 @@ def _execute_all(
             return _execute_all(programs, record, np.int32)
     out: list[Execution] = []
     start = 0
-    last_counts, start_counts = last[:, :, 1:].tolist(), starts[:, :, 1:].tolist()  # (F, B, W) counts as ints
+    last_paths, start_paths = _pareto_lanes(last[:, :, 1:]), _pareto_lanes(starts[:, :, 1:])
     for program, (peak, last_peak) in zip(programs, occupancy):
-        stage_ends = tuple(_pareto(tuple(map(tuple, stage))) for stage in last_counts[start : start + program.pp])
-        stage_starts = tuple(_pareto(tuple(map(tuple, stage))) for stage in start_counts[start : start + program.pp])
+        stage_ends = tuple(last_paths[start : start + program.pp])
+        stage_starts = tuple(start_paths[start : start + program.pp])
         out.append((stage_ends, peak, last_peak, stage_starts))
         start += program.pp
     return out
@@ -822,8 +839,9 @@ class ProgramGraph:
 
     def longest_paths(self, price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(start, finish) of every stage when each op takes ``price[slot]`` seconds and starts as
-        soon as its stage's previous op and its input are done: the program's longest paths."""
-        end = np.zeros(len(self.slot) + 1)
+        soon as its stage's previous op and its input are done: the program's longest paths.
+        ``price`` of shape (slots, k) prices k cases side by side (results of shape (stages, k))."""
+        end = np.zeros((len(self.slot) + 1,) + price.shape[1:])
         duration = price[self.slot]
         prev, dep = self.prev, self.dep
         for ops in self.levels:
