@@ -302,10 +302,13 @@ def test_per_op_optimizer_kernels_move_the_counted_bytes_of_each_adam_operation(
     assert optimizer_bytes_per_parameter("sgd", "bf16", "per_op") == optimizer_bytes_per_parameter("sgd", "bf16") + 8.0
     base = {**_config(framework="llm-foundry"), "parallel": {"tp": 1, "pp": 1, "zero": 3}}
     foundry = parse_training(base)
-    # Composer PURE reduces in the run's 16-bit dtype: fp16 here, bf16 for a bf16 run
+    # the benchmark table's Composer mixed_precision DEFAULT reduces in fp32 (fp16 for fp16, the auto
+    # rule); PURE ("16bit") reduces in the run's 16-bit dtype: fp16 here, bf16 for a bf16 run
     assert foundry.optimizer_kernels == "per_op" and foundry.grad_reduce_dtype == "fp16"
-    bf16 = parse_training({**base, "training": {**base["training"], "precision": "bf16"}})
-    assert bf16.grad_reduce_dtype == "bf16" and bf16.grad_reduce_bytes == 2.0
+    bf16 = {**base, "training": {**base["training"], "precision": "bf16"}}
+    assert parse_training(bf16).grad_reduce_dtype == "fp32"
+    pure = parse_training({**bf16, "training": {**bf16["training"], "grad_reduce_dtype": "16bit"}})
+    assert pure.grad_reduce_dtype == "bf16" and pure.grad_reduce_bytes == 2.0
     fused = parse_training({**base, "training": {**base["training"], "optimizer_kernels": "fused"}})
     assert fused.optimizer_kernels == "fused" and parse_training(_config()).optimizer_kernels == "fused"
     links = group_links(foundry, 0)
