@@ -129,8 +129,18 @@ def _gpu(t: _Table) -> GpuSpec:
         source=t.take("source", str),
         notes=t.take("notes", str, default=""),
         architecture=t.take("architecture", str, default=None),
+        sustained_clock_Hz=t.quantity("sustained_clock", _FREQ, default=0.0) or None,
+        sustained_clock_source=t.take("sustained_clock_source", str, default=""),
     )
     t.done()
+    if spec.sustained_clock_Hz is not None:
+        if not 0.0 < spec.sustained_clock_Hz <= spec.boost_clock_Hz:
+            raise CatalogError(
+                f"gpu {spec.name}: sustained_clock = {spec.sustained_clock_Hz / 1e6:g} MHz must be in (0, boost_clock "
+                f"= {spec.boost_clock_Hz / 1e6:g} MHz]"
+            )
+        if not spec.sustained_clock_source:
+            raise CatalogError(f"gpu {spec.name}: sustained_clock_MHz needs sustained_clock_source")
     # The calibration profile fitted from public measurements for this GPU, if one ships
     # (hardware/calibration_profiles/<name>.toml); read on first use.
     return dataclasses.replace(spec, calibration=shipped_profile(spec.name))

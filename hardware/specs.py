@@ -96,6 +96,12 @@ class GpuSpec:
     # Microarchitecture family ("ampere", "hopper", ...); selects the GEMM tile/scheduling description
     # in ``hardware.cost``. None: the generic (Ampere-style) description.
     architecture: str | None = None
+    # SM clock a compute-bound kernel sustains under the board power limit when tensor-core work runs
+    # back to back (training steps, long prefills); None: not measured, the boost clock is kept.
+    # ``hardware.cost.sustained_clock_factor`` applies it to the GEMM efficiency, whose constant
+    # (MAMF) was measured between idle gaps (see that function).
+    sustained_clock_Hz: float | None = None
+    sustained_clock_source: str = ""
     # Measured corrections of the cost model (``hardware.calibration``): the shipped profile of this
     # GPU, a ``[cluster] calibration`` file, or None for the analytic defaults alone.
     calibration: CalibrationProfile | None = None

@@ -214,7 +214,8 @@ MISSING_MECHANISMS = (
     "fraction, llm-foundry's FA1-class Triton attention, bf16 gradient buffers, fp8 primary weights and "
     "Megatron-Bridge FP8-CS's bf16 first and last layers are modelled); not modelled: GEMM chunks of the TP "
     "overlap (the GEMM model's wave quantization would make them 1.3-1.6x slower, which the Megatron-Core rows "
-    "contradict), sustained clocks under power capping; host dispatch does not explain the small-model rows "
+    "contradict), an H100 sustained clock under power capping (the A100's, 1,305 of 1,410 MHz, is modelled; no bf16 "
+    "H100 figure is sourced, and the H100 tables' long kernels run at the MAMF); host dispatch does not explain the small-model rows "
     "(at their shapes every kernel runs 10-800 us, longer than its launch); the MLPerf v3.0/v3.1 rows compare "
     "the logged train_step_timing (their logged throughput also counts the validation runs) with their own "
     "interleaving 12 and stay the worst (v3.0 2023 software 9 % slower than v3.1); see the closing note of issue 11",

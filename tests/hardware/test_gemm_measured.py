@@ -9,6 +9,7 @@ as in the MAMF test. One description per GPU and architecture; nothing is fitted
 from __future__ import annotations
 
 import csv
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,34 @@ def test_gemv_streams_at_measured_weight_bandwidth() -> None:
         assert len(ratios) >= 10, name
         assert abs(np.median(ratios) - 1.0) <= 0.05, (name, float(np.median(ratios)))
         assert max(abs(r - 1.0) for r in ratios) <= 0.20, (name, ratios)
+
+
+TRAINING_SHAPES = "aic_gemm_bf16_training_shapes.csv"
+
+
+def _training_errors(gpu) -> np.ndarray:
+    errors = []
+    with open(DATA / TRAINING_SHAPES, newline="") as f:
+        for r in csv.DictReader(line for line in f if not line.startswith("#")):
+            if r["gpu"] != gpu.name:
+                continue
+            m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
+            predicted_s = cost.gemm_time_s(gpu, m, n, k, precision="bf16", bytes_per_element=2) - cost.launch_overhead_s(gpu)
+            errors.append(predicted_s / (float(r["latency_ms"]) * 1e-3) - 1.0)
+    assert len(errors) == 100
+    return np.array(errors)
+
+
+@pytest.mark.parametrize("name", ["a100-sxm-80gb", "h100-sxm-80gb"])
+def test_gemm_unbiased_at_training_shapes(name: str) -> None:
+    """Training-size GEMMs (m = micro-batch x sequence 4,096..32,768, n and k 2,048..16,384; 100 rows per
+    GPU of the back-to-back tables): signed median within 3 %, absolute median within 5 %. Measured:
+    A100 +1.7 % / 1.8 %, H100 +0.3 % / 1.9 %. At the boost clock the A100 model is 5.9 % fast (signed
+    median -5.9 %): the sustained clock (1,305 of 1,410 MHz) is what closes it."""
+    gpu = get_gpu(name)
+    errors = _training_errors(gpu)
+    assert abs(np.median(errors)) <= 0.03, (name, float(np.median(errors)))
+    assert np.median(np.abs(errors)) <= 0.05, (name, float(np.median(np.abs(errors))))
+    if gpu.sustained_clock_Hz is not None:
+        boost = _training_errors(dataclasses.replace(gpu, sustained_clock_Hz=None))
+        assert np.median(boost) < -0.04, float(np.median(boost))

@@ -103,9 +103,10 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
 
 def test_shipped_profiles_and_the_nanoflow_suite() -> None:
     """NanoFlow's baselines: NOT yet no-worse with the shipped profiles. The TensorRT-LLM rows move by
-    under 1.5 points; the vLLM 0.5.3 rows are over-predicted on both (17-24 % analytic, 22-30 % shipped),
+    under 1.5 points; the vLLM 0.5.3 rows are over-predicted on both (13-19 % analytic, 18-25 % shipped),
     and vLLM's measured custom all-reduce (faster than the analytic NCCL model) widens that: MAPE
-    11.3 % analytic vs 14.6 % shipped, pinned here within 3.5 points so it cannot grow unnoticed."""
+    8.2 % analytic vs 11.2 % shipped (11.3 vs 14.6 % before the A100's sustained clock), pinned here
+    within 3.5 points so it cannot grow unnoticed."""
     from validation.serving_suite import run_serving_nanoflow_suite
 
     on, off = run_serving_nanoflow_suite(), run_serving_nanoflow_suite(calibration="none")
@@ -120,11 +121,10 @@ def test_shipped_profiles_and_the_nanoflow_suite() -> None:
 
 
 def test_shipped_profiles_and_the_training_suites() -> None:
-    """Training-modern: no worse with the shipped profiles. The 2021-22 Megatron rows: worst row no
-    worse, MAPE within 0.1 points (measured 9.54 % analytic vs 9.56 % shipped): NOT yet no-worse. The
-    profiles' NCCL curves (aiconfigurator NCCL 2.27 tables, which agree with public nccl-tests sweeps)
-    price A100 2- and 4-GPU all-reduces of 12-17 MB 20-27 % slower than the analytic model and 8-GPU
-    ones a few % faster (issue 9 closing note)."""
+    """Training-modern and the 2021-22 Megatron rows: no worse with the shipped profiles (measured
+    7.36 % analytic vs 7.20 % shipped; modern 17.35 % vs 17.12 %). Before the A100's sustained clock
+    (hardware.cost.sustained_clock_factor; the shipped A100 profile refitted against it) the Megatron
+    rows were 9.54 % vs 9.56 %, shipped worse by 0.02 points."""
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     modern_on = _summaries(run_training_modern_suite(fidelity="analytic"))
@@ -134,7 +134,7 @@ def test_shipped_profiles_and_the_training_suites() -> None:
     on = run_training_suite(fidelity="des")
     off = run_training_suite(fidelity="des", calibration="none")
     assert on.worst("iteration_time_s") <= off.worst("iteration_time_s") + 1e-12
-    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 0.001
+    assert on.mape("iteration_time_s") <= off.mape("iteration_time_s") + 1e-12
 
 
 def test_validate_calibration_none_from_the_cli_runs_the_suites_on_the_analytic_defaults(capsys) -> None:
