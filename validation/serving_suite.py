@@ -267,12 +267,16 @@ INFLIGHT_NOTES = (
     "GUARANTEED_NO_EVICT over 64-token KV blocks, KV cache 0.9 of the memory the engine leaves (scheduler "
     "'inflight'); this reproduces the TP2 70B cliff (785 published, 838 predicted)",
     "1,000 requests simulated per row to keep the suite fast; the benchmark queued 1,500-30,000 "
-    "(perf-overview's num_requests table), which raises the predictions by up to 7 % (70B TP8 1000/1000: "
-    "909 -> 971 tok/s/GPU before 64-token blocks) and the suite to MAPE 16.2 %",
+    "(perf-overview's num_requests table), which raises the predictions by up to 6.5 % (70B TP8 1000/1000: "
+    "903 -> 962 tok/s/GPU) and the suite to MAPE 15.4 %, worst +28.8 %",
     "every row but one is over-predicted (signed +11.3 %), compute-heavy and TP8 rows most: not modelled are "
     "the H100's sustained clock under the 700 W limit (GEMM tables were measured between idle gaps) and the "
     "0.14 executor's per-iteration host work (no CUDA graphs, no overlap of scheduling with the GPU), whose "
     "size has no public source",
+    "every tensor-parallel collective also pays hardware.collectives' 30 us per call (host enqueue and sync "
+    "as a framework sees NCCL), on top of the measured TensorRT-LLM all-reduce, a CUDA-graph kernel time "
+    "(3 us at small sizes); at a kernel launch's 4 us instead the suite reads 15.1 % / 29.5 %, so that "
+    "constant stands in for per-step cost at TP > 1 that the model lacks",
 )
 
 
