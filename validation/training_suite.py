@@ -25,9 +25,11 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
-# Issue "Training" thresholds: iteration time MAPE <= 10 %, no row worse than 20 %; memory within 10 %.
+# Iteration time: regression bounds at today's errors (MAPE 7.2 %, worst 19.7 %: the Megatron-Core
+# H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
+# within 10 %.
 THRESHOLDS = (
-    Threshold(metric="iteration_time_s", max_mape=0.10, max_row_error=0.20),
+    Threshold(metric="iteration_time_s", max_mape=0.075, max_row_error=0.20),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -207,18 +209,26 @@ def memory_comparisons() -> list[Comparison]:
 # The 2023-25 stacks (published-training.md A9-A11, A13: NeMo / Megatron-Bridge / MLPerf fp8 on H100,
 # llm-foundry FSDP): the issue's target is MAPE <= 7 % and no row worse than 15 %; the model is not
 # there yet (most rows are predicted too fast, see MISSING_MECHANISMS), so these bounds only keep it
-# from getting worse than it is now (16.1 % / 27.8 %). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.17, max_row_error=0.29),)
+# from getting worse than it is now (15.2 % / 27.8 %). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.16, max_row_error=0.285),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 15 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
-    "fraction, llm-foundry's FA1-class Triton attention, bf16 gradient buffers, fp8 primary weights and "
-    "Megatron-Bridge FP8-CS's bf16 first and last layers are modelled); not modelled: GEMM chunks of the TP "
-    "overlap (the GEMM model's wave quantization would make them 1.3-1.6x slower, which the Megatron-Core rows "
-    "contradict), an H100 sustained clock under power capping (the A100's, 1,305 of 1,410 MHz, is modelled; no bf16 "
-    "H100 figure is sourced, and the H100 tables' long kernels run at the MAMF); host dispatch does not explain the small-model rows "
-    "(at their shapes every kernel runs 10-800 us, longer than its launch); the MLPerf v3.0/v3.1 rows compare "
-    "the logged train_step_timing (their logged throughput also counts the validation runs) with their own "
-    "interleaving 12 and stay the worst (v3.0 2023 software 9 % slower than v3.1); see the closing note of issue 11",
+    "rows of the 2023-25 stacks are predicted 14 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
+    "fraction, llm-foundry's FA1-class Triton attention and per-op Composer AdamW, bf16 gradient buffers, fp8 "
+    "primary weights and Megatron-Bridge FP8-CS's bf16 first and last layers are modelled); not modelled: GEMM "
+    "chunks of the TP overlap (today's GEMM model prices a 512-row chunk 3 % (fp8) to 16 % (bf16) slower than the "
+    "whole GEMM; no sourced chunk measurement), an H100 sustained clock under power capping (the A100's, 1,305 of "
+    "1,410 MHz, is modelled; no bf16 H100 figure is sourced, and the H100 tables' long kernels run at the MAMF); "
+    "host dispatch (not the cause of the fast small-model rows: their kernels run 18-800 us, and a layer's ~40 "
+    "launches at tens of us each take less host time than its GPU time); the MLPerf v3.0/v3.1 rows compare the "
+    "logged train_step_timing (their logged throughput also counts the validation runs) at their own interleaving "
+    "12 and stay the worst (the 2023 v3.0 software runs 9 % slower than v3.1); see the closing note of issue 11",
+)
+TRAINING_NOTES = (
+    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 5 % too fast on average; the H100 "
+    "1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 18-20 % fast and nothing sourced explains it (host dispatch "
+    "does not bind at their shapes); the 32B row (TP 8: its data-parallel group spans 48 nodes with one GPU "
+    "each) is 17 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.29 s after the last "
+    "micro-batch's backward",
 )
 
 
@@ -251,4 +261,4 @@ def run_training_suite(fidelity: str = "des", calibration: str | None = None) ->
         for r in iteration_rows(fidelity, calibration=calibration)
     ]
     comparisons += memory_comparisons()
-    return SuiteReport(suite="training", comparisons=tuple(comparisons), thresholds=THRESHOLDS)
+    return SuiteReport(suite="training", comparisons=tuple(comparisons), thresholds=THRESHOLDS, notes=TRAINING_NOTES)

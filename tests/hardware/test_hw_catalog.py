@@ -379,3 +379,19 @@ def test_pcie_switch_sharing_from_the_system_topologies() -> None:
     assert CATALOG.nodes["dgx-a100"].gpus_per_pcie_switch == 2
     assert CATALOG.nodes["dgx-h100"].gpus_per_pcie_switch == 2
     assert CATALOG.nodes["gb200-nvl72"].gpus_per_pcie_switch == 1
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("sustained_clock_MHz = 1305", "sustained_clock_MHz = 1500", r"sustained_clock = 1500 MHz must be in \(0, boost_clock = 1410 MHz\]"),
+        ('sustained_clock_source = "', 'notes = "', "sustained_clock_MHz needs sustained_clock_source"),
+    ],
+)
+def test_loader_checks_the_sustained_clock(catalog_copy: Path, old: str, new: str, message: str) -> None:
+    path = catalog_copy / "gpus" / "a100_sxm_80gb.toml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    with pytest.raises(CatalogError, match=message):
+        load_catalog(catalog_copy)

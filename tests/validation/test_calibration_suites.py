@@ -106,12 +106,12 @@ def test_shipped_profiles_and_the_nanoflow_suite() -> None:
     under 1.5 points; the vLLM 0.5.3 rows are over-predicted on both (13-19 % analytic, 18-25 % shipped),
     and vLLM's measured custom all-reduce (faster than the analytic NCCL model) widens that: MAPE
     8.2 % analytic vs 11.2 % shipped (11.3 vs 14.6 % before the A100's sustained clock), pinned here
-    within 3.5 points so it cannot grow unnoticed."""
+    within 3.2 points so it cannot grow unnoticed."""
     from validation.serving_suite import run_serving_nanoflow_suite
 
     on, off = run_serving_nanoflow_suite(), run_serving_nanoflow_suite(calibration="none")
     metric = "total_tokens_per_s_per_gpu"
-    assert on.mape(metric) <= off.mape(metric) + 0.035
+    assert on.mape(metric) <= off.mape(metric) + 0.032
     for a, b in zip(on.comparisons, off.comparisons):
         assert a.row == b.row
         if " trtllm " in a.row:

@@ -36,9 +36,20 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 1.7B row (TP1, hidden 2048) sits at the limit (-20.0 %)
+    # the Megatron-Core H100 1.7B row (TP1, hidden 2048) sits at the limit (-19.7 %)
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
+    assert threshold.max_mape <= 0.075 and threshold.max_row_error <= 0.20
+
+
+def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -5.0 % (2021-22 Megatron
+    # and Megatron-Core H100 rows) and -14.1 % (2023-25 stacks). Bounds stop it from growing either way.
+    from validation.training_suite import run_training_modern_suite, run_training_suite
+
+    training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
+    modern = run_training_modern_suite(fidelity="des").signed_mean("iteration_time_s")
+    assert -0.055 <= training <= 0.03 and -0.145 <= modern <= 0.03, (training, modern)
 
 
 def test_analytic_fidelity_tracks_the_des() -> None:
@@ -56,7 +67,7 @@ def test_the_report_fails_when_a_threshold_is_exceeded(report: SuiteReport) -> N
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the issue's 7 % target is not met
-    # (16.1 %, signed -14.9 %): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # (15.2 %, signed -14.1 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
@@ -64,8 +75,8 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert not modern.failures(), modern.failures()
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {"nemo", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.17 and MODERN_THRESHOLDS[0].max_row_error <= 0.29
-    assert modern.mape("iteration_time_s") <= 0.165
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.16 and MODERN_THRESHOLDS[0].max_row_error <= 0.285
+    assert modern.mape("iteration_time_s") <= 0.155
     errors = {c.row: c.error for c in modern.comparisons}
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
