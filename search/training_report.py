@@ -156,6 +156,12 @@ class Funnel:
         }
 
 
+# the Candidate fields of a candidates.csv row after gpu and num_gpus: the batch sizes, then
+# PLAN_FIELDS but the planner's layers_per_stage and recompute_layers (a slice of the tuple)
+_CSV_CANDIDATE_FIELDS = slice(Candidate._fields.index("global_batch"), Candidate._fields.index(PLAN_FIELDS[-3]) + 1)
+assert Candidate._fields[_CSV_CANDIDATE_FIELDS] == ("global_batch", "micro_batch", *PLAN_FIELDS[:-2])
+
+
 @dataclass(slots=True, kw_only=True)
 class ScreenRow:
     """One line of candidates.csv: a screened candidate with its metrics, or a pruned one with its rule
@@ -267,19 +273,20 @@ class TrainingSearchResult:
     def _write_candidates(self, path: Path) -> Path:
         fields = ["status", "rule", "count", "gpu", "num_gpus", "global_batch", "micro_batch", *PLAN_FIELDS[:-2],
                   *self.screen_metric_names, "violates"]
+        no_plan = ("",) * (4 + len(PLAN_FIELDS) - 2)
+        no_metrics = ("",) * len(self.screen_metric_names)
         with path.open("w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(fields)
-            for row in self.rows:
-                c = row.candidate
-                plan_values = [] if c is None else [
-                    row.context.gpu, row.context.num_gpus, c.global_batch, c.micro_batch,
-                    *(getattr(c, name) for name in PLAN_FIELDS[:-2]),
-                ]
-                plan_values += [""] * (4 + len(PLAN_FIELDS) - 2 - len(plan_values))
-                metrics = list(row.metrics) if row.metrics is not None else [""] * len(self.screen_metric_names)
-                status = "screened" if row.metrics is not None else "pruned"
-                writer.writerow([status, row.rule, row.count, *plan_values, *metrics, row.violates])
+            writer.writerows(
+                (
+                    "screened" if row.metrics is not None else "pruned", row.rule, row.count,
+                    *(no_plan if row.candidate is None else (row.context.gpu, row.context.num_gpus,
+                                                             *row.candidate[_CSV_CANDIDATE_FIELDS])),
+                    *(no_metrics if row.metrics is None else row.metrics), row.violates,
+                )
+                for row in self.rows
+            )
         return path
 
     def _write_pareto(self, path: Path) -> Path:

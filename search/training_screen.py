@@ -17,7 +17,7 @@ from sim.training.activations import inflight_microbatches
 from sim.training.memory import stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
 from sim.training.run import simulate_training
-from sim.training.schedules import prepare_program_profiles, program_profile
+from sim.training.schedules import placement_kind, prepare_program_profiles, program_profile
 from search.training_space import Candidate, Context, SetupBuilder, context_setup, rule_of
 from workloads.errors import InvalidPlanError
 
@@ -110,14 +110,15 @@ def program_key(context: Context, candidate: Candidate) -> tuple[str, int, int, 
 def program_batches(contexts: Sequence[Context], candidates: Sequence[Candidate], size: int) -> list[list[int]]:
     """Candidate indices in batches of about ``size`` that never split the candidates of one pipeline
     program (``program_key``), so that each program is computed by one worker; the batches of the
-    longest programs first (they take longest), programs of one schedule and of about one length
+    longest programs first (they take longest), programs of one schedule (the V shapes next to each
+    other: their placement) and of about one length
     (micro-batches x chunks per stage, within a factor 2: the time steps of their generation and
     execution) together (they are generated and executed side by side, as lanes of one array,
     ``prepare_program_profiles``), each batch in enumeration order."""
     groups: dict[tuple[str, int, int, int], list[int]] = {}
     for index, candidate in enumerate(candidates):
         groups.setdefault(program_key(contexts[candidate.context], candidate), []).append(index)
-    keys = sorted(groups, key=lambda k: (-(k[2] * k[3]).bit_length(), k[0], -k[1] * k[2] * k[3], k))
+    keys = sorted(groups, key=lambda k: (-(k[2] * k[3]).bit_length(), placement_kind(k[0]), k[0], -k[1] * k[2] * k[3], k))
     out: list[list[int]] = []
     current: list[int] = []
     for key in keys:
