@@ -14,6 +14,11 @@ SUITES = ("training", "serving")
 SINGLE_SUITES = ("training-modern", "serving-trtllm-0.14", "serving-nanoflow")
 
 
+def _limit(fraction: float) -> str:
+    """A threshold as a percentage with no more digits than it has (0.125 -> '12.5%', 0.15 -> '15%')."""
+    return f"{fraction * 100:.4g}%"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Comparison:
     """One predicted-vs-published number."""
@@ -71,9 +76,9 @@ class SuiteReport:
                for c in self.comparisons if not c.fits_in_memory and self.require_fit]
         for t in self.thresholds:
             if self.mape(t.metric) > t.max_mape:
-                out.append(f"{self.suite}/{t.metric}: MAPE {self.mape(t.metric):.1%} > {t.max_mape:.0%}")
+                out.append(f"{self.suite}/{t.metric}: MAPE {self.mape(t.metric):.1%} > {_limit(t.max_mape)}")
             if self.worst(t.metric) > t.max_row_error:
-                out.append(f"{self.suite}/{t.metric}: worst row {self.worst(t.metric):.1%} > {t.max_row_error:.0%}")
+                out.append(f"{self.suite}/{t.metric}: worst row {self.worst(t.metric):.1%} > {_limit(t.max_row_error)}")
         return out
 
 
@@ -104,8 +109,8 @@ class Report:
                     lines.extend("    " + line for line in dumps(c.config).splitlines())
             for t in s.thresholds:
                 lines.append(
-                    f"summary {t.metric}: MAPE {s.mape(t.metric):.1%} (limit {t.max_mape:.0%}), "
-                    f"worst {s.worst(t.metric):.1%} (limit {t.max_row_error:.0%}), "
+                    f"summary {t.metric}: MAPE {s.mape(t.metric):.1%} (limit {_limit(t.max_mape)}), "
+                    f"worst {s.worst(t.metric):.1%} (limit {_limit(t.max_row_error)}), "
                     f"signed mean {s.signed_mean(t.metric):+.1%}"
                 )
             lines.extend(f"note: {n}" for n in s.notes)

@@ -65,6 +65,17 @@ def test_the_report_fails_when_a_threshold_is_exceeded(report: SuiteReport) -> N
     assert strict.failures()
 
 
+def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
+    # a 7.5 % limit must not read "limit 8%" beside a 7.7 % MAPE that fails it
+    from dataclasses import replace
+
+    from validation.published import Report
+
+    odd = replace(report, thresholds=(replace(report.thresholds[0], max_mape=0.075, max_row_error=0.155),))
+    text = Report(suites=(odd,)).table()
+    assert "(limit 7.5%)" in text and "(limit 15.5%)" in text
+
+
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the 7 % target is not met
     # (15.2 %, signed -14.1 %): these bounds only stop regressions, MISSING_MECHANISMS says why
