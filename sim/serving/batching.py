@@ -154,6 +154,19 @@ class InflightScheduler(OrcaScheduler):
     """TensorRT-LLM's in-flight batcher: GUARANTEED_NO_EVICT admission, generation tokens first, then
     context chunks first come first served in the rest of the token budget (module docstring)."""
 
+    def can_ever_fit(self, request: SimRequest) -> str:
+        reason = super().can_ever_fit(request)
+        budget, unit = self.limits.max_batched_tokens, self.blocks.block_size
+        if reason or request.prompt_tokens <= budget:
+            return reason
+        if not self.limits.chunked_prefill:
+            return (f"prompt {request.prompt_tokens} tokens exceed max_batched_tokens {budget}, and without "
+                    "chunked_prefill a prompt must run in one step")
+        if budget < unit:
+            return (f"prompt {request.prompt_tokens} tokens must be cut into chunks of whole KV blocks of "
+                    f"{unit} tokens; max_batched_tokens {budget} holds none")
+        return ""
+
     def _schedule(self, now_s: float) -> StepPlan:
         limits = self.limits
         budget = limits.max_batched_tokens

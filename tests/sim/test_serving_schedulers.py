@@ -147,6 +147,19 @@ def test_inflight_without_context_chunking_a_prompt_waits_to_fit_whole() -> None
     assert _shape(s.schedule(1.0)) == [(0, 1, True), (1, 7, False)]
 
 
+def test_inflight_rejects_a_prompt_no_step_can_hold() -> None:
+    # without chunking a prompt longer than the token budget could never run; with chunking a budget
+    # below one KV block could never cut a chunk: each is a reason, so the request is rejected
+    unchunked = InflightScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=8, chunked_prefill=False),
+                                  BlockManager(100, 4), reserve_tokens=0)
+    assert "without chunked_prefill" in unchunked.can_ever_fit(_req(0, 9, 1))
+    assert unchunked.can_ever_fit(_req(1, 8, 1)) == ""
+    tiny = InflightScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=3), BlockManager(100, 4), reserve_tokens=0)
+    assert "whole KV blocks of 4 tokens" in tiny.can_ever_fit(_req(2, 9, 1))
+    chunked = InflightScheduler(BatchLimits(max_num_seqs=8, max_batched_tokens=8), BlockManager(100, 4), reserve_tokens=0)
+    assert chunked.can_ever_fit(_req(3, 9, 1)) == ""
+
+
 def test_static_batch_runs_to_completion_with_padding() -> None:
     blocks = BlockManager(100, 4)
     s = StaticScheduler(BatchLimits(max_num_seqs=2, max_batched_tokens=64), blocks)
