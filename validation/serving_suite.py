@@ -78,10 +78,6 @@ def load_rows(path: Path = DATA) -> list[Row]:
 TRTLLM_BENCH_KV_FRACTION = 0.95  # calc_engine_setting's kv_cache_gpu_mem_fraction default
 TRTLLM_BENCH_MAX_BATCH_CAP = 4096  # "cap total batch size to avoid decoder buffer size becoming too large"
 TRTLLM_BENCH_MAX_TOKENS_CAP = 32768  # "cap num tokens to avoid TRT activation buffer becoming too large"
-# KV cache block of the in-flight rows: TensorRT-LLM's paged KV cache default of 64 tokens per block
-# (tensorrt_llm/plugin/plugin.py PluginConfig tokens_per_block / enable_paged_kv_cache(tokens_per_block=64)):
-# GUARANTEED_NO_EVICT reserves whole blocks and context chunks are cut to whole blocks
-TRTLLM_TOKENS_PER_BLOCK = 64
 # the executor's token budget of the NanoFlow TensorRT-LLM baseline (trtllm-build's default max_num_tokens)
 TRTLLM_BENCH_MAX_TOKENS = 8192
 
@@ -151,7 +147,7 @@ def row_config(row: Row) -> dict[str, Any]:
             "cluster": {"gpu": row.gpu, "num_gpus": row.tp},
             "serving": {
                 "framework": row.framework, "tp": row.tp, "scheduler": "inflight", "chunked_prefill": True,
-                "max_num_seqs": max_batch, "max_batched_tokens": max_tokens, "block_size": TRTLLM_TOKENS_PER_BLOCK,
+                "max_num_seqs": max_batch, "max_batched_tokens": max_tokens,
                 "max_model_len": row.input_tokens + row.output_tokens,
                 "weight_precision": "fp16", "kv_precision": "fp16",
             },

@@ -171,7 +171,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         max_num_seqs=_int(table, "max_num_seqs", w, DEFAULT_MAX_NUM_SEQS),
         max_batched_tokens=_int(table, "max_batched_tokens", w, DEFAULT_MAX_BATCHED_TOKENS),
         chunk_size=_int(table, "chunk_size", w, DEFAULT_CHUNK_SIZE),
-        block_size=_int(table, "block_size", w, DEFAULT_BLOCK_SIZE),
+        block_size=settings["block_size"],
         gpu_memory_utilization=_float(table, "gpu_memory_utilization", w, DEFAULT_GPU_MEMORY_UTILIZATION, 0.01, 1.0),
         prefix_caching=_bool(table, "prefix_caching", w, False),
         replicas=_int(table, "replicas", w, 1),

@@ -47,6 +47,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "kv_cache_memory": ("serving", ("total_fraction", "free_fraction")),
         "tp_all_reduce": ("serving", ("nccl", "trtllm", "vllm", "sglang")),
         "chunked_prefill": ("serving", bool),
+        "block_size": ("serving", int),
     },
 }
 
@@ -69,6 +70,10 @@ def _check_value(kind: str, key: str, value: Any, where: str) -> Any:
     if isinstance(allowed, tuple):
         if value not in allowed:
             raise ConfigError(f"{where} {key} = {value!r}; allowed: {', '.join(allowed)}")
+        return value
+    if allowed is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where} {key} = {value!r} must be an integer >= 1")
         return value
     if allowed is bool:
         if not isinstance(value, bool):
