@@ -38,14 +38,51 @@ def map_batches(
     """``[function(batch) for batch in work]``, evaluated serially (``workers == 1``), on a process
     pool of ``workers`` processes, or on the dask scheduler at ``dask_address``; in input order.
     ``on_done(n)`` is called with each finished batch's length (a progress bar's update)."""
-    if workers < 1:
-        raise ConfigError(f"--workers {workers} must be a positive integer")
-    if dask_address is not None:
-        return _map_dask(function, work, dask_address, on_done)
-    if workers == 1 or len(work) <= 1:
-        return list(_tracked(map(function, work), work, on_done))
-    with ProcessPoolExecutor(max_workers=min(workers, len(work))) as pool:
-        return list(_tracked(pool.map(function, work), work, on_done))
+    with BatchPool(workers=min(workers, max(1, len(work))), dask_address=dask_address) as pool:
+        return pool.map(function, work, on_done=on_done)
+
+
+class BatchPool:
+    """One executor for several ``map`` calls (``map_batches`` is one call on a fresh one): a search
+    keeps its worker processes, and what they memoized, from screening to its last re-pricing. Each
+    ``map`` returns in input order, so results never depend on which process ran a batch."""
+
+    def __init__(self, *, workers: int = 1, dask_address: str | None = None) -> None:
+        if workers < 1:
+            raise ConfigError(f"--workers {workers} must be a positive integer")
+        self.workers, self.dask_address = workers, dask_address
+        self._pool: ProcessPoolExecutor | None = None
+        self._client = None
+
+    def __enter__(self) -> "BatchPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def map(
+        self,
+        function: Callable[[Sequence[Item]], list[Result]],
+        work: Sequence[Sequence[Item]],
+        *,
+        on_done: Callable[[int], None] | None = None,
+    ) -> list[list[Result]]:
+        """``[function(batch) for batch in work]`` on this pool, in input order."""
+        if self.dask_address is not None:
+            if self._client is None:
+                self._client = _dask_client(self.dask_address)
+            futures = self._client.map(function, list(work), pure=False)
+            return list(_tracked((future.result() for future in futures), work, on_done))
+        if self.workers == 1 or (self._pool is None and len(work) <= 1):
+            return list(_tracked(map(function, work), work, on_done))
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        return list(_tracked(self._pool.map(function, work), work, on_done))
 
 
 def _tracked(
@@ -57,12 +94,7 @@ def _tracked(
         yield result
 
 
-def _map_dask(
-    function: Callable[[Sequence[Item]], list[Result]],
-    work: Sequence[Sequence[Item]],
-    address: str,
-    on_done: Callable[[int], None] | None,
-) -> list[list[Result]]:
+def _dask_client(address: str):  # type: ignore[no-untyped-def]
     try:
         from dask.distributed import Client
     except ImportError:
@@ -70,9 +102,6 @@ def _map_dask(
             f"--dask {address}: dask.distributed is not installed; pip install 'llmsim[cluster]'"
         ) from None
     try:
-        client = Client(address, timeout="10s")
+        return Client(address, timeout="10s")
     except (OSError, TimeoutError) as exc:
         raise ConfigError(f"--dask {address}: cannot reach the dask scheduler ({exc})") from None
-    with client:
-        futures = client.map(function, list(work), pure=False)
-        return list(_tracked((future.result() for future in futures), work, on_done))

@@ -15,6 +15,7 @@ Ties break on enumeration order, so results do not depend on the executor or the
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
@@ -22,7 +23,7 @@ from functools import partial
 from typing import Any, Mapping, Sequence
 
 from hardware import units
-from search.executor import map_batches
+from search.executor import BatchPool
 from search.progress import progress
 from search.run import DEFAULT_TOP_K, SearchOptions
 from search.solver import SolverError
@@ -50,7 +51,6 @@ from search.training_screen import (
 from search.training_space import (
     Candidate,
     TrainingSpace,
-    build_setup,
     candidate_config,
     context_setup,
     enumerate_candidates,
@@ -101,14 +101,6 @@ def _check(space: TrainingSpace, light: _Light) -> None:
         light.objective = seconds if space.objective == "time_to_train" else seconds / 3600.0 * cost
 
 
-def _plan(space: TrainingSpace, token: str, index: int, candidate: Candidate, source: str,
-          metrics: dict[str, Any] | None = None) -> Plan:
-    if metrics is None:
-        metrics = price_candidate(token, space.contexts, candidate)
-    return Plan(index=index, candidate=candidate, context=space.contexts[candidate.context], source=source,
-                analytic=metrics)
-
-
 def _feasible(space: TrainingSpace, metrics: Mapping[str, Any], candidate: Candidate) -> bool:
     light = _Light(-1, candidate, tuple(metrics[k] for k in SCREEN_METRICS))
     _check(space, light)
@@ -131,11 +123,25 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
     screen = partial(screen_batch, token, space.contexts)
     # batches hold whole pipeline programs (each computed by one worker); outcomes back in enumeration order
     work = program_batches(space.contexts, candidates, size)
-    with progress(len(candidates), "screening") as update:
-        screened_batches = map_batches(
-            screen, [[candidates[i] for i in batch] for batch in work], workers=options.workers,
-            dask_address=options.dask_address, on_done=update,
-        )
+    with BatchPool(workers=options.workers, dask_address=options.dask_address) as executor:
+        with progress(len(candidates), "screening") as update:
+            screened_batches = executor.map(
+                screen, [[candidates[i] for i in batch] for batch in work], on_done=update,
+            )
+        result = _rank(space, token, top_k, candidates, arithmetic, work, screened_batches, funnel, executor)
+    ranked, pareto, lights, floors, rows, pool = result
+    binding = _binding_constraint(space, lights, floors, funnel, ranked[0] if ranked else None)
+    return TrainingSearchResult(
+        objective=space.objective, train_tokens=space.train_tokens, ranked=ranked,
+        pareto=pareto, binding_constraint=binding, funnel=funnel, rows=rows, screen_metric_names=SCREEN_METRICS,
+        wall_time_s=time.perf_counter() - start, feasible=bool(pool), contexts=space.contexts,
+    )
+
+
+def _rank(space: TrainingSpace, token: str, top_k: int, candidates: list[Candidate], arithmetic: dict[str, int],
+          work: list[list[int]], screened_batches: list[list[Screened]], funnel: Funnel, executor: BatchPool) -> Any:
+    """The screened outcomes counted and ranked; the MILPs, the top K's full pricing and DES re-ranking
+    and the Pareto set's full pricing, all on ``executor`` (where screening computed the programs)."""
     outcomes: list[Screened] = [None] * len(candidates)  # type: ignore[list-item]
     for batch, screened in zip(work, screened_batches):
         for i, outcome in zip(batch, screened):
@@ -171,7 +177,7 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
     funnel.meets_constraints = len(feasible)
 
     # ---- MILP refinement of the best plans ---------------------------------------------------------
-    refined = _refine(space, token, bases, feasible, lights, top_k, funnel, len(candidates))
+    refined = _refine(space, token, feasible, lights, top_k, funnel, len(candidates), executor)
     pool = sorted(feasible + refined, key=lambda x: (x.objective, x.metrics[_PEAK], x.index))
 
     # ---- Pareto set over every feasible plan (analytic) ------------------------------------------
@@ -182,22 +188,39 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
         for x in pool
     ]
     front = pareto_set(light_plans)
-    prepare_programs(space.contexts, [x.candidate for x in pool[:top_k]] + [p.candidate for p, _ in front])
 
-    # ---- DES re-ranking of the top K -------------------------------------------------------------
-    top = [_plan(space, token, x.index, x.candidate, sources[x.index]) for x in pool[:top_k]]
-    configs = [[candidate_config(p.context, p.candidate)] for p in top]
-    with progress(len(configs), "DES re-ranking") as update:
-        des = [m for batch in map_batches(simulate_batch, configs, workers=options.workers,
-                                          dask_address=options.dask_address, on_done=update) for m in batch]
-    funnel.des_reranked = len(des)
-    reranked = [Plan(index=p.index, candidate=p.candidate, context=p.context, source=p.source, analytic=p.analytic,
-                     des=m) for p, m in zip(top, des)]
-    reranked.sort(key=lambda p: (objective_value(p, space.objective, space.train_tokens), p.des["peak_memory_bytes"],
-                                 p.index))
+    # ---- full analytic metrics of the top K and the Pareto set; DES re-ranking of the top K --------
+    top = pool[:top_k]
+    priced = {x.index: x.candidate for x in top}
+    for p, _ in front:
+        priced.setdefault(p.index, p.candidate)
+    in_top = {x.index for x in top}
+    with progress(len(priced), "DES re-ranking") as update:
+        outcomes_of = dict(zip(priced, (m for batch in executor.map(
+            partial(plan_batch, token, space.contexts), [[(c, i in in_top)] for i, c in priced.items()],
+            on_done=update) for m in batch)))
+    top_plans = [Plan(index=x.index, candidate=x.candidate, context=space.contexts[x.candidate.context],
+                      source=sources[x.index], analytic=outcomes_of[x.index][0], des=outcomes_of[x.index][1])
+                 for x in top]
+    funnel.des_reranked = len(top_plans)
+    reranked = sorted(top_plans, key=lambda p: (objective_value(p, space.objective, space.train_tokens),
+                                                p.des["peak_memory_bytes"], p.index))
     ranked = [p for p in reranked if _feasible(space, p.des, p.candidate)] or reranked
+    # each plan its own metrics (a plan in the top K and the Pareto set shares none with itself)
+    pareto = [(Plan(index=p.index, candidate=p.candidate, context=p.context, source=p.source,
+                    analytic=copy.deepcopy(outcomes_of[p.index][0])), reason) for p, reason in front]
+    return ranked, pareto, lights, floors, rows, pool
 
-    pareto = [(_plan(space, token, p.index, p.candidate, p.source), reason) for p, reason in front]
+
+def plan_batch(token: str, contexts: Sequence[Any], work: Sequence[tuple[Candidate, bool]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """(full analytic metrics, DES metrics when asked) of each candidate (a top-level function:
+    picklable for pools and dask); the programs of the batch computed together first."""
+    prepare_programs(contexts, [c for c, _ in work])
+    return [
+        (price_candidate(token, contexts, c), simulate_batch([candidate_config(contexts[c.context], c)])[0] if des else None)
+        for c, des in work
+    ]
+
 
     binding = _binding_constraint(space, lights, floors, funnel, ranked[0] if ranked else None)
     return TrainingSearchResult(
@@ -212,20 +235,15 @@ def search_training(config: Mapping[str, Any], options: SearchOptions) -> Traini
 EQUIVALENT_RULE = "equivalent: same metrics as an earlier candidate differing only in the schedule"
 
 
-def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: list[_Light], lights: list[_Light],
-            top_k: int, funnel: Funnel, next_index: int) -> list[_Light]:
+def _refine(space: TrainingSpace, token: str, feasible: list[_Light], lights: list[_Light], top_k: int,
+            funnel: Funnel, next_index: int, executor: BatchPool) -> list[_Light]:
     """(a) on the best feasible plans with pp > 1, (b) on the best plans that only miss memory;
-    returns the re-priced feasible improvements as new lights (indices after the enumeration)."""
+    returns the re-priced feasible improvements as new lights (indices after the enumeration), in
+    the order the parents are listed."""
     out: list[_Light] = []
-    worker = _worker(token, space.contexts)
-    cache = worker.cache
 
-    def add(candidate: Candidate, parent: _Light, name: str) -> None:
+    def add(candidate: Candidate, metrics: dict[str, Any], parent: _Light, name: str) -> None:
         nonlocal next_index
-        try:
-            metrics = price_candidate(token, space.contexts, candidate)
-        except InvalidPlanError:
-            return
         light = _Light(next_index, candidate, tuple(metrics[k] for k in SCREEN_METRICS))
         next_index += 1
         _check(space, light)
@@ -239,21 +257,6 @@ def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: li
     def capacity(candidate: Candidate) -> float:
         return space.contexts[candidate.context].capacity_bytes * (1.0 - space.min_memory_headroom)
 
-    def refine(parents: list[_Light], name: str, solve_one: Any, change: Any) -> None:
-        """Solve one MILP per parent; add each changed plan that the analytic model confirms."""
-        for parent in parents:
-            c = parent.candidate
-            setup = build_setup(bases[c.context], c)
-            try:
-                answer = solve_one(setup, capacity(c))
-            except (MilpInfeasible, MilpCheckFailed, SolverError):
-                funnel.milp_infeasible[name] = funnel.milp_infeasible.get(name, 0) + 1
-                continue
-            funnel.milp_solved[name] = funnel.milp_solved.get(name, 0) + 1
-            changed = change(c, setup, answer)
-            if changed is not None:
-                add(changed, parent, name)
-
     pipelined = [x for x in feasible if x.candidate.pp > 1 and not x.candidate.layers_per_stage][:top_k]
     # the best plans (better than the best feasible one as priced) that miss memory only
     best = feasible[0].objective if feasible else float("inf")
@@ -262,21 +265,60 @@ def _refine(space: TrainingSpace, token: str, bases: Sequence[Any], feasible: li
          and x.candidate.recompute in ("none", "selective") and x.objective < best),
         key=lambda x: (x.objective, x.index),
     )[:top_k]
-    prepare_programs(space.contexts, [x.candidate for x in pipelined + memory_only])
-    # (a) on the best feasible plans with a pipeline: the split, when it differs from the even one
-    refine(
-        pipelined, "layers_per_stage",
-        lambda setup, cap: assign_layers(stage_assignment_input(setup, cap, cache)),
-        lambda c, setup, answer: None if answer.layers_per_chunk == stage_layer_counts(setup.model.layers, setup.plan)
-        else c._replace(layers_per_stage=answer.layers_per_chunk),
-    )
-    # (b) on the best plans that miss memory only: the recompute per stage
-    refine(
-        memory_only, "recompute_layers",
-        lambda setup, cap: choose_recompute(recompute_input(setup, cap, cache)),
-        lambda c, setup, answer: c._replace(recompute_layers=answer.recompute_layers)
-        if any(answer.recompute_layers) else None,
-    )
+    # (a) on the best feasible plans with a pipeline: the split, when it differs from the even one;
+    # (b) on the best plans that miss memory only: the recompute per stage. The MILPs' numbers come
+    # from the executor (where screening computed the parents' programs), the MILPs are solved here
+    # (HiGHS never runs in a pool process: its thread pool does not survive a fork), and the
+    # changed plans are priced on the executor.
+    parents = [(x, "layers_per_stage") for x in pipelined] + [(x, "recompute_layers") for x in memory_only]
+    inputs = [a for batch in executor.map(
+        partial(milp_input_batch, token, space.contexts),
+        [[(name, x.candidate, capacity(x.candidate))] for x, name in parents]) for a in batch]
+    changes: list[tuple[_Light, str, Candidate]] = []
+    for (parent, name), (milp_input, even) in zip(parents, inputs):
+        c = parent.candidate
+        try:
+            answer = assign_layers(milp_input) if name == "layers_per_stage" else choose_recompute(milp_input)
+        except (MilpInfeasible, MilpCheckFailed, SolverError):
+            funnel.milp_infeasible[name] = funnel.milp_infeasible.get(name, 0) + 1
+            continue
+        funnel.milp_solved[name] = funnel.milp_solved.get(name, 0) + 1
+        if name == "layers_per_stage":
+            changed = None if answer.layers_per_chunk == even else c._replace(layers_per_stage=answer.layers_per_chunk)
+        else:
+            changed = c._replace(recompute_layers=answer.recompute_layers) if any(answer.recompute_layers) else None
+        if changed is not None:
+            changes.append((parent, name, changed))
+    priced = [m for batch in executor.map(partial(price_batch, token, space.contexts), [[c] for _, _, c in changes])
+              for m in batch]
+    for (parent, name, changed), metrics in zip(changes, priced):
+        if metrics is not None:  # None: not a valid plan
+            add(changed, metrics, parent, name)
+    return out
+
+
+def milp_input_batch(token: str, contexts: Sequence[Any], work: Sequence[tuple[str, Candidate, float]]) -> list[tuple[Any, tuple[int, ...]]]:
+    """The MILP's numbers for each (name, parent, capacity) of ``work`` and the parent's even split
+    (a top-level function: picklable for pools and dask)."""
+    worker = _worker(token, contexts)
+    prepare_programs(contexts, [c for _, c, _ in work])
+    out = []
+    for name, c, capacity in work:
+        setup = worker.builders[c.context](c)
+        make = stage_assignment_input if name == "layers_per_stage" else recompute_input
+        out.append((make(setup, capacity, worker.cache), stage_layer_counts(setup.model.layers, setup.plan)))
+    return out
+
+
+def price_batch(token: str, contexts: Sequence[Any], work: Sequence[Candidate]) -> list[dict[str, Any] | None]:
+    """Full analytic metrics of each candidate, None for one that is not a valid plan."""
+    prepare_programs(contexts, work)
+    out: list[dict[str, Any] | None] = []
+    for c in work:
+        try:
+            out.append(price_candidate(token, contexts, c))
+        except InvalidPlanError:
+            out.append(None)
     return out
 
 

@@ -472,6 +472,39 @@ def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chu
     return max(0.0, seconds - chunk_s)
 
 
+# what a chunk's layer is priced as: (MoE, fully recomputed, kept in bf16) for a transformer layer,
+# "embedding" / "lm_head" for the pipeline ends
+LayerKind = "tuple[bool, bool, bool] | str"
+
+
+def chunk_layer_kinds(setup: TrainingSetup, *, layers: range, first: bool, last: bool, recomputed: int = 0) -> list[LayerKind]:
+    """The kinds ``chunk_cost`` prices for a chunk, in its order: each layer, then the ends it holds."""
+    model = setup.model
+    kinds: list[LayerKind] = [
+        (model.is_moe and layer >= model.dense_layers, index < recomputed, setup.bf16_layer(layer))
+        for index, layer in enumerate(layers)
+    ]
+    if first:
+        kinds.append("embedding")
+    if last:
+        kinds.append("lm_head")
+    return kinds
+
+
+def layer_kind_ops(setup: TrainingSetup, kind: LayerKind) -> tuple[list[Op], list[Op], list[Op]]:
+    """(F, B, W) ops of one ``chunk_layer_kinds`` entry."""
+    if isinstance(kind, str):
+        (ops,) = end_ops(setup, first=kind == "embedding", last=kind == "lm_head")
+        return ops
+    return layer_passes(setup, *kind)
+
+
+def collective_axes(ops: tuple[list[Op], ...]) -> frozenset[str]:
+    """The process-group axes whose links ``price_layer`` reads for ``ops`` (``costmodel.op_time_s``
+    reads a group's links only for a collective on its axis): its price is a function of those links."""
+    return frozenset(op.axis for passes in ops for op in passes if op.kind == "collective")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkCost:
     work: ChunkWork
@@ -489,22 +522,19 @@ def chunk_cost(
     layer_cache: dict[tuple[bool, bool, bool] | str, LayerCost],
     cache: PricingCache | None = None,
     recomputed: int = 0,
+    layer_costs: list[LayerCost] | None = None,
 ) -> ChunkCost:
     """F, B and W of one micro-batch through a chunk holding ``layers`` (global layer indices), the
-    first ``recomputed`` of them fully recomputed (``parallel.recompute_layers``)."""
+    first ``recomputed`` of them fully recomputed (``parallel.recompute_layers``). ``layer_costs``:
+    the caller's prices of ``chunk_layer_kinds`` in order (else priced here through ``layer_cache``)."""
     model, job, plan = setup.model, setup.job, setup.plan
-    costs: list[LayerCost] = []
-    for index, layer in enumerate(layers):
-        key = (model.is_moe and layer >= model.dense_layers, index < recomputed, setup.bf16_layer(layer))
-        if key not in layer_cache:
-            layer_cache[key] = price_layer(setup, layer_passes(setup, *key), links, cache)
-        costs.append(layer_cache[key])
-    for end, wanted in (("embedding", first), ("lm_head", last)):  # priced once per layer cache, like the layers
-        if wanted:
-            if end not in layer_cache:
-                (ops,) = end_ops(setup, first=end == "embedding", last=end == "lm_head")
-                layer_cache[end] = price_layer(setup, ops, links, cache)
-            costs.append(layer_cache[end])
+    if layer_costs is None:
+        layer_costs = []
+        for kind in chunk_layer_kinds(setup, layers=layers, first=first, last=last, recomputed=recomputed):
+            if kind not in layer_cache:  # each kind priced once per layer cache
+                layer_cache[kind] = price_layer(setup, layer_kind_ops(setup, kind), links, cache)
+            layer_costs.append(layer_cache[kind])
+    costs = list(layer_costs)
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
     for cost in costs:

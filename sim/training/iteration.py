@@ -12,7 +12,17 @@ from hardware.topology import spanning_p2p_links
 
 from sim.training.analytic import ChunkTimes, DataParallelTimes, chunk_times, data_parallel_times
 from sim.training.config import TrainingSetup
-from sim.training.costs import GROUP_AXES, LayerCost, chunk_cost, group_links, rank_of
+from sim.training.costs import (
+    GROUP_AXES,
+    LayerCost,
+    chunk_cost,
+    chunk_layer_kinds,
+    collective_axes,
+    group_links,
+    layer_kind_ops,
+    price_layer,
+    rank_of,
+)
 from sim.training.data_parallel import (
     ChunkSignature,
     grad_sync_for_parameters,
@@ -26,6 +36,7 @@ from sim.training.memory import stage_memory_classes
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import PipelineWork, StageWork
 from sim.training.schedules import chunk_ends, placement_kind, plan_layer_counts, plan_placement
+from workloads.graph import Op
 from workloads.plan import ParallelPlan, TrainingJob
 
 _DURATION = attrgetter("duration_s")
@@ -250,21 +261,50 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
 def _chunks_of_class(
     setup: TrainingSetup, layout: StageLayout, index: int, chunk_context: int, cache: PricingCache
 ) -> tuple[ChunkTimes, tuple[tuple[float, float], ...]]:
-    """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``."""
-    signature, links, links_key = layout.signatures[index], layout.links[index], layout.links_keys[index]
-    # layers priced once per (chunk context, links); chunks once per (that, layer mix, ends)
-    layer_cache: dict[tuple[bool, bool] | str, LayerCost] = cache.memo("layers", (chunk_context, links_key), dict)
-    costs = [
-        cache.memo(
+    """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``.
+
+    A layer's price depends on the links only through the groups of its collectives' axes
+    (``costs.collective_axes``), so layers and chunks are memoized per chunk context and the links
+    of those axes alone: plans differing only in data-parallel or pipeline degree (other dp, pp and
+    dp-shard groups) share them. The ops of each layer kind are built once per chunk context."""
+    signature, links = layout.signatures[index], layout.links[index]
+    kind_ops: dict[Any, tuple[tuple[list[Op], list[Op], list[Op]], frozenset[str]]] = cache.memo(
+        "layer_ops", chunk_context, dict
+    )
+
+    def ops_of(kind: Any) -> tuple[tuple[list[Op], list[Op], list[Op]], frozenset[str]]:
+        found = kind_ops.get(kind)
+        if found is None:
+            ops = layer_kind_ops(setup, kind)
+            found = kind_ops[kind] = (ops, collective_axes(ops))
+        return found
+
+    def links_key(axes: tuple[str, ...]) -> tuple[int, ...]:
+        return tuple(-1 if links.get(axis) is None else cache.links_id(links[axis]) for axis in axes)
+
+    def price(kind: Any) -> LayerCost:
+        ops, axes = ops_of(kind)
+        ordered = tuple(sorted(axes))
+        return cache.memo("layer", (chunk_context, kind, ordered, links_key(ordered)),
+                          lambda: price_layer(setup, ops, links, cache))
+
+    def kinds_of(layers: range, first: bool, last: bool, recomputed: int) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+        kinds = tuple(chunk_layer_kinds(setup, layers=layers, first=first, last=last, recomputed=recomputed))
+        return kinds, tuple(sorted(frozenset().union(*(ops_of(k)[1] for k in set(kinds)))))
+
+    costs = []
+    for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature):
+        # the chunk's layer kinds follow from its signature (dense and MoE counts, ends, recomputed, bf16)
+        kinds, axes = cache.memo("chunk_kinds", (chunk_context, chunk_signature),
+                                 lambda: kinds_of(layers, first, last, chunk_signature[4]))
+        costs.append(cache.memo(
             "chunk",
-            (chunk_context, links_key, chunk_signature),
+            (chunk_context, axes, links_key(axes), chunk_signature),
             lambda: chunk_cost(
                 setup, layers=layers, first=first, last=last, recomputed=chunk_signature[4], links=links,
-                layer_cache=layer_cache, cache=cache,
+                layer_cache={}, cache=cache, layer_costs=[price(kind) for kind in kinds],
             ),
-        )
-        for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature)
-    ]
+        ))
     return chunk_times(tuple(c.work for c in costs)), tuple((c.flops, c.recompute_flops) for c in costs)
 
 
