@@ -48,6 +48,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "tp_all_reduce": ("serving", ("nccl", "trtllm", "vllm", "sglang")),
         "chunked_prefill": ("serving", bool),
         "block_size": ("serving", int),
+        "tp_logits": ("serving", ("shard", "all_gather")),
     },
 }
 
