@@ -51,6 +51,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "api_server_token_overhead_us": ("serving", float),
         "chunked_prefill": ("serving", bool),
         "block_size": ("serving", int),
+        "tp_logits": ("serving", ("shard", "all_gather")),
     },
 }
 
