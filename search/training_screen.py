@@ -69,7 +69,7 @@ def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Work
     one micro-batch are in flight, so this bounds 'none', 'selective' and any mix from below.
     Memoized per plan (the recompute choice aside), the stage layer counts per pipeline shape and
     the memory terms as the analytic fidelity memoizes them (``estimate.memory_terms``)."""
-    key = candidate._replace(recompute="full" if candidate.recompute == "full" else "none")
+    key = candidate if candidate.recompute != "selective" else candidate._replace(recompute="none")
     floor = worker.floors.get(key)
     if floor is None:
         model, plan, job = setup.model, setup.plan, setup.job
@@ -78,7 +78,8 @@ def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Work
         if kinds is None:
             kinds = worker.layer_kinds[shape] = stage_layer_kinds(model, plan)
         m = setup.num_microbatches
-        stage_plan = plan if plan.recompute == "full" else dataclasses.replace(plan, recompute="none", recompute_layers=())
+        stage_plan = plan if plan.recompute == "full" or (plan.recompute == "none" and not plan.recompute_layers) \
+            else dataclasses.replace(plan, recompute="none", recompute_layers=())
         stages = sorted({0, plan.pp - 1})
         memory_kinds = tuple(
             (kinds[s][0], kinds[s][1], s == 0, s == plan.pp - 1, 0 if plan.recompute == "full" else sum(kinds[s]))

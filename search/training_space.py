@@ -69,6 +69,8 @@ class Candidate(NamedTuple):
 
 PLAN_FIELDS = ("tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages", "recompute", "sequence_parallel",
                "offload", "hsdp", "tp_comm_overlap", "cp_comm", "layers_per_stage", "recompute_layers")
+_PLAN_START = Candidate._fields.index(PLAN_FIELDS[0])  # the plan fields close a candidate, in this order
+assert Candidate._fields[_PLAN_START:] == PLAN_FIELDS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -345,8 +347,7 @@ class SetupBuilder:
         the last rule, which the caller checks; ``sim.training.config.validate_plan``)."""
         base = self.base
         values = dict(self._plan, dp=base.cluster.num_gpus // (candidate.tp * candidate.pp * candidate.cp))
-        for name in PLAN_FIELDS:
-            values[name] = getattr(candidate, name)
+        values.update(zip(PLAN_FIELDS, candidate[_PLAN_START:]))
         plan = type(base.plan)(**values)
         job = self.job(candidate.global_batch, candidate.micro_batch)
         validate_plan(base.model, base.cluster, job, plan, check_program=check_program)
