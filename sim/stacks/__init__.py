@@ -39,6 +39,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_bf16_edge_layers": ("training", float),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
+        "pipeline_p2p": ("parallel", ("overlapped", "blocking")),
     },
     "serving": {
         "step_overhead_us": ("serving", float),

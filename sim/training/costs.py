@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from hardware.cost import ATTENTION_FA1_RATE
-from hardware.collectives import GroupLinks, collective_time_s
+from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
 from sim.training.config import TrainingSetup, p2p_overlap_slowdown
@@ -472,6 +472,33 @@ def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chu
     return max(0.0, seconds - chunk_s)
 
 
+def blocking_p2p_s(
+    setup: TrainingSetup, links: Mapping[str, GroupLinks], send_bytes: float, *, first: bool, last: bool,
+    cache: PricingCache | None = None,
+) -> tuple[float, float]:
+    """Seconds a chunk's F and B (per micro-batch) spend in blocking pipeline p2p
+    (``pipeline_p2p = "blocking"``, Megatron-LM 2021-22 ``p2p_communication._communicate``): the
+    stage issues its sends and receives with ``batch_isend_irecv``, waits on them and calls
+    ``torch.cuda.synchronize()``, so the transfer of the chunk's output (F) and of its input gradient
+    (B) holds the stage's compute stream instead of overlapping its next op; with the scatter/gather
+    optimisation (tp > 1 without sequence parallelism) the receiver then rebuilds the whole tensor
+    from the tp slices with an all-gather over the TP group (``gather_split_1d_tensor``) before the
+    op that consumes it. The model-order first chunk receives no activations and sends no input
+    gradient; the last sends no activations and receives no gradient. The hop is priced over the
+    pipeline group's links (its slowest link when the group spans nodes). Zero when p2p overlaps."""
+    if setup.pipeline_p2p != "blocking" or links["pp"].size <= 1 or send_bytes <= 0:
+        return 0.0, 0.0
+    collective = cache.collective_s if cache is not None else collective_time_s
+    plan = setup.plan
+    transfer = collective(Collective.SEND_RECV, send_bytes, links["pp"])
+    gather = 0.0
+    if plan.tp > 1 and not plan.sequence_parallel:
+        gather = collective(Collective.ALL_GATHER, send_bytes * plan.tp, links["tp"])
+    forward = (0.0 if last else transfer) + (0.0 if first else gather)
+    backward = (0.0 if first else transfer) + (0.0 if last else gather)
+    return forward, backward
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkCost:
     work: ChunkWork
@@ -532,13 +559,16 @@ def chunk_cost(
         # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends
         # its 1/tp slice between stages and the receiver all-gathers it over NVLink
         send /= plan.tp
+    f_p2p, b_p2p = blocking_p2p_s(setup, links, send, first=first, last=last, cache=cache)
+    if f_p2p or b_p2p:
+        exposed["pp"] = exposed.get("pp", 0.0) + f_p2p + b_p2p
     parts = layer_activation_parts(
         model, plan, job, moe=model.is_moe, flash_attention=setup.fused_attention, dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
-    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0],
-              sum(c.backward_input.total_s for c in costs) - hidden_pp[1],
+    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0] + f_p2p,
+              sum(c.backward_input.total_s for c in costs) - hidden_pp[1] + b_p2p,
               sum(c.backward_weight.total_s for c in costs) - hidden_pp[2]]
     if plan.activation_offload:
         passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))

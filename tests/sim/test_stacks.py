@@ -336,3 +336,50 @@ def test_per_op_optimizer_kernels_move_the_counted_bytes_of_each_adam_operation(
         assert optimizer_time_s(setup, 0, links) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ConfigError, match="optimizer_kernels = 'sometimes'; allowed: fused, per_op"):
         parse_training({**base, "training": {**base["training"], "optimizer_kernels": "sometimes"}})
+
+
+def test_blocking_pipeline_p2p_holds_each_transfer_and_the_receivers_all_gather_on_the_stage() -> None:
+    """Megatron-LM 2021-22 (``pipeline_p2p = "blocking"``): a chunk's F holds the transfer of its
+    output and, past the first chunk, the TP all-gather that rebuilds its scatter/gather input; B the
+    transfer of its input gradient and, before the last chunk, the all-gather of the incoming one. The
+    async links then carry nothing, and both fidelities agree; "overlapped" leaves the chunks alone."""
+    from hardware.collectives import Collective, collective_time_s
+    from sim.training.costs import blocking_p2p_s, chunk_cost
+
+    base = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 32},
+        "training": {"seq_len": 2048, "global_batch": 32, "micro_batch": 2, "precision": "fp16",
+                     "framework": "megatron-2021"},
+        "parallel": {"tp": 8, "pp": 4},
+    }
+    blocking = parse_training(base)
+    overlapped = parse_training({**base, "parallel": {**base["parallel"], "pipeline_p2p": "overlapped"}})
+    assert blocking.pipeline_p2p == "blocking" and overlapped.pipeline_p2p == "overlapped"
+    assert parse_training(_config()).pipeline_p2p == "overlapped"  # Megatron-Core
+    links = group_links(blocking, 1)
+    send = 2 * 2048 * 2304 * 2.0 / 8  # the scatter/gather slice of one micro-batch's activations
+    transfer = collective_time_s(Collective.SEND_RECV, send, links["pp"])
+    gather = collective_time_s(Collective.ALL_GATHER, send * 8, links["tp"])
+    assert transfer > 0 and gather > 0
+    assert blocking_p2p_s(blocking, links, send, first=False, last=False) == (transfer + gather, transfer + gather)
+    assert blocking_p2p_s(blocking, links, send, first=True, last=False) == (transfer, gather)
+    assert blocking_p2p_s(blocking, links, send, first=False, last=True) == (gather, transfer)
+    assert blocking_p2p_s(overlapped, links, send, first=False, last=False) == (0.0, 0.0)
+    sp = parse_training({**base, "parallel": {**base["parallel"], "sequence_parallel": True}})
+    assert blocking_p2p_s(sp, links, send, first=False, last=False) == (transfer, transfer)  # no scatter/gather
+    layers = range(6, 12)
+    slow = chunk_cost(blocking, layers=layers, first=False, last=False, links=links, layer_cache={}).work
+    fast = chunk_cost(overlapped, layers=layers, first=False, last=False, links=links, layer_cache={}).work
+    assert slow.forward_s == pytest.approx(fast.forward_s + transfer + gather, rel=1e-12)
+    assert slow.backward_input_s == pytest.approx(fast.backward_input_s + transfer + gather, rel=1e-12)
+    assert slow.backward_weight_s == fast.backward_weight_s
+    assert slow.exposed_comm_s["pp"] == pytest.approx(2 * (transfer + gather), rel=1e-12)
+    runs = {fidelity: simulate_training(base, RunOptions(fidelity=fidelity)).metrics()
+            for fidelity in ("analytic", "des")}
+    assert runs["analytic"]["iteration_time_s"] == pytest.approx(runs["des"]["iteration_time_s"], rel=0.01)
+    assert runs["des"]["exposed_communication_s"]["pp"] >= 8 * 2 * (transfer + gather)  # every micro-batch's hops
+    faster = {**base, "parallel": {**base["parallel"], "pipeline_p2p": "overlapped"}}
+    assert runs["des"]["iteration_time_s"] > simulate_training(faster, RunOptions()).metrics()["iteration_time_s"]
+    with pytest.raises(ConfigError, match="pipeline_p2p = 'sometimes'; allowed: overlapped, blocking"):
+        parse_training({**base, "parallel": {**base["parallel"], "pipeline_p2p": "sometimes"}})
