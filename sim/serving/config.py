@@ -30,7 +30,7 @@ SERVING_KEYS = (
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
     "max_model_len", "disaggregated", "speculative", "framework", "decode_attention", "kv_cache_memory",
-    "tp_all_reduce",
+    "tp_all_reduce", "custom_all_reduce_max_bytes", "cuda_graph_padding",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -102,6 +102,11 @@ class ServingSpec:
     # the kernel of tensor-parallel all-reduces: "nccl", or a serving framework's own all-reduce
     # ("trtllm", "vllm", "sglang"), priced from the calibration profile's measured curve of it
     tp_all_reduce: str = "nccl"
+    # largest all-reduce (bytes) the stack's own kernel takes, NCCL above; 0: the faster of both per size
+    custom_all_reduce_max_bytes: float = 0.0
+    # decode-only steps replayed as CUDA graphs captured at fixed batch sizes: "none" | "vllm-v0"
+    # (sim.serving.stepcost.cuda_graph_batch)
+    cuda_graph_padding: str = "none"
     disaggregated: DisaggregatedSpec | None = None
     speculative: SpeculativeSpec | None = None
     compute_precision: str | None = None  # 16-bit activation format when the GPU forces one (no bf16)
@@ -162,6 +167,8 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         decode_attention=settings["decode_attention"],
         kv_cache_memory=settings["kv_cache_memory"],
         tp_all_reduce=settings["tp_all_reduce"],
+        custom_all_reduce_max_bytes=settings["custom_all_reduce_max_bytes"],
+        cuda_graph_padding=settings["cuda_graph_padding"],
         tp=_int(table, "tp", w, 1),
         pp=_int(table, "pp", w, 1),
         ep=_int(table, "ep", w, 1),

@@ -156,7 +156,8 @@ def build_system(
             shape, step_overhead_s=spec.step_overhead_s, request_overhead_s=spec.request_overhead_s,
             draft=_draft_cost(spec, shape) if role != "prefill" else None, draft_free_overhead=overhead,
             decode_attention=decode_attention_kernel(spec.decode_attention, shape.model, shape.tp),
-            tp_all_reduce=spec.tp_all_reduce,
+            tp_all_reduce=spec.tp_all_reduce, custom_all_reduce_max_bytes=spec.custom_all_reduce_max_bytes,
+            cuda_graph_padding=spec.cuda_graph_padding,
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))
         first += shape.num_gpus * count

@@ -54,6 +54,35 @@ def decode_attention_kernel(rule: str, model: ModelSpec, tp: int) -> str:
         raise ValueError(f"decode_attention = {rule!r}; allowed: {', '.join(DECODE_ATTENTION_RULES)}")
     return rule
 
+# CUDA-graph rules of serving stacks: how a decode-only step's batch is padded to the batch sizes the
+# stack captured graphs at ("none": no padding). "vllm-v0": vLLM 0.5.x ModelRunner (vllm/worker/
+# model_runner.py, v0.5.3): a decode-only step of at most 256 sequences (_BATCH_SIZES_TO_CAPTURE =
+# [1, 2, 4] + [8 i for i in 1..32]) whose longest sequence is at most max_seq_len_to_capture (EngineArgs
+# default 8192) replays the graph of _get_graph_batch_size(batch): 1, 2, 4, then the next multiple of 8;
+# the padding slots run every layer's GEMMs and elementwise ops (input token 0, sequence length 1) and are
+# dropped before the LM head (_prune_hidden_states); other steps run eagerly, unpadded.
+CUDA_GRAPH_RULES = ("none", "vllm-v0")
+VLLM_V0_GRAPH_MAX_BATCH = 256
+VLLM_V0_GRAPH_MAX_SEQ_LEN = 8192
+VLLM_V0_GRAPH_ALIGNMENT = 8
+
+
+def cuda_graph_batch(rule: str, batch: int, longest_seq_tokens: int) -> int | None:
+    """The batch size a decode-only step of ``batch`` sequences (the longest ``longest_seq_tokens``
+    tokens with the new one) runs at under CUDA-graph ``rule``; None when it runs eagerly."""
+    if rule == "none":
+        return None
+    if rule != "vllm-v0":
+        raise ValueError(f"cuda_graph_padding = {rule!r}; allowed: {', '.join(CUDA_GRAPH_RULES)}")
+    if batch > VLLM_V0_GRAPH_MAX_BATCH or longest_seq_tokens > VLLM_V0_GRAPH_MAX_SEQ_LEN:
+        return None
+    if batch <= 2:
+        return batch
+    if batch <= 4:
+        return 4
+    return -(-batch // VLLM_V0_GRAPH_ALIGNMENT) * VLLM_V0_GRAPH_ALIGNMENT
+
+
 # Sampling reads the fp32 logits of each sampled position once for softmax/top-p and once for the
 # draw (vLLM's sampler: logits.float(), softmax, then multinomial sampling): 2 passes x 4 bytes.
 SAMPLER_PASSES = 2
@@ -114,10 +143,14 @@ class StepCostModel:
         draft_free_overhead: float = 0.0,
         decode_attention: str = "shared_kv",
         tp_all_reduce: str = "nccl",
+        custom_all_reduce_max_bytes: float = 0.0,
+        cuda_graph_padding: str = "none",
     ) -> None:
         if decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention = {decode_attention!r}; allowed: {', '.join(DECODE_ATTENTION_KERNELS)}")
+        cuda_graph_batch(cuda_graph_padding, 1, 1)  # validates the rule
         self.decode_attention = decode_attention
+        self.cuda_graph_padding = cuda_graph_padding
         self.shape = shape
         self.step_overhead_s = step_overhead_s
         self.request_overhead_s = request_overhead_s
@@ -138,8 +171,10 @@ class StepCostModel:
         self._links = {"tp": cluster.group_links(ranks)}
         tp_calibration = self._links["tp"].calibration
         if tp_all_reduce != "nccl" and tp_calibration is not None:
-            # the stack's own all-reduce kernel where the GPU's profile measured it (``for_tp_all_reduce``)
-            self._links["tp"] = replace(self._links["tp"], calibration=tp_calibration.for_tp_all_reduce(tp_all_reduce))
+            # the stack's own all-reduce kernel where the GPU's profile measured it, up to the stack's size
+            # limit for it (``for_tp_all_reduce``)
+            self._links["tp"] = replace(self._links["tp"], calibration=tp_calibration.for_tp_all_reduce(
+                tp_all_reduce, custom_all_reduce_max_bytes))
         stage_gpus = shape.tp * shape.ep
         if shape.ep > 1:
             self._links["ep"] = cluster.group_links([shape.first_rank + i * shape.tp for i in range(shape.ep)])
@@ -306,7 +341,11 @@ class StepCostModel:
             else:
                 sampled += 1
         decode_contexts = [c.context_tokens for c in chunks if c.is_decode] if drafts > 0 else []
-        seconds = self.batch_time_s(plan.num_tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+        tokens = plan.num_tokens
+        if self.cuda_graph_padding != "none" and plan.num_prefill_tokens == 0 and tokens == len(chunks):
+            # a decode-only step of one token per sequence: replayed at the captured batch size
+            tokens = cuda_graph_batch(self.cuda_graph_padding, tokens, max(kv for _, kv in sequences)) or tokens
+        seconds = self.batch_time_s(tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
         if drafts > 0:
             self.speculative_steps += 1
             self.speculative_step_s += seconds

@@ -5,6 +5,8 @@ aiconfigurator custom all-reduce tables."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -38,6 +40,24 @@ def test_tp_all_reduce_view_takes_the_faster_of_the_stack_kernel_and_nccl() -> N
     assert view is profile.for_tp_all_reduce("trtllm")  # one view per framework
     again = load_profile_text(profile)
     assert again.custom_all_reduce[("trtllm", 2)].y == custom.y
+
+
+def test_tp_all_reduce_view_with_a_size_limit_switches_to_nccl_past_it() -> None:
+    # vLLM's should_custom_ar: its kernel for messages of at most max_size bytes, NCCL above, even where
+    # the custom kernel would be faster; NCCL also where the custom kernel is not measured
+    nccl = _curve({10: 10e-6, 20: 40e-6, 26: 400e-6})
+    custom = _curve({12: 3e-6, 20: 20e-6, 26: 300e-6})
+    profile = CalibrationProfile(gpu="a100-sxm-80gb", source="test", collectives={("all_reduce", 8): nccl},
+                                 custom_all_reduce={("vllm", 8): custom})
+    view = profile.for_tp_all_reduce("vllm", 2**20)
+    assert view.collective_s("all_reduce", 8, 2**20) == pytest.approx(20e-6)  # at the limit: the custom kernel
+    # 16 B past it: NCCL, interpolated in (log2 bytes, log seconds) between its 1 MiB and 64 MiB points
+    assert view.collective_s("all_reduce", 8, 2**20 + 16) == pytest.approx(40e-6 * 10 ** (math.log2(1 + 2**-16) / 6))
+    assert view.collective_s("all_reduce", 8, 2**26) == pytest.approx(400e-6)  # NCCL, though custom is 300 us
+    assert view.collective_s("all_reduce", 8, 2**10) == pytest.approx(10e-6)  # custom not measured there: NCCL
+    assert view.collective_s("all_reduce", 8, 2**8) is None  # neither measured: the analytic default
+    assert profile.for_tp_all_reduce("vllm").collective_s("all_reduce", 8, 2**26) == pytest.approx(300e-6)  # no limit
+    assert view is profile.for_tp_all_reduce("vllm", 2**20) and view is not profile.for_tp_all_reduce("vllm")
 
 
 def load_profile_text(profile: CalibrationProfile) -> CalibrationProfile:
