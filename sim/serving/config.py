@@ -30,7 +30,7 @@ SERVING_KEYS = (
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
     "max_model_len", "disaggregated", "speculative", "framework", "decode_attention", "kv_cache_memory",
-    "tp_all_reduce", "custom_all_reduce_max_bytes", "cuda_graph_padding",
+    "tp_all_reduce", "custom_all_reduce_max_bytes", "cuda_graph_padding", "tp_logits",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -102,6 +102,10 @@ class ServingSpec:
     # the kernel of tensor-parallel all-reduces: "nccl", or a serving framework's own all-reduce
     # ("trtllm", "vllm", "sglang"), priced from the calibration profile's measured curve of it
     tp_all_reduce: str = "nccl"
+    # the LM head's vocab-parallel logits under tp > 1: "shard" (each rank samples its own vocab
+    # shard, no exchange) | "all_gather" (TensorRT-LLM: gathered onto every rank, each rank's decoder
+    # samples the full vocabulary; see sim.serving.stepcost)
+    tp_logits: str = "shard"
     # largest all-reduce (bytes) the stack's own kernel takes, NCCL above; 0: the faster of both per size
     custom_all_reduce_max_bytes: float = 0.0
     # decode-only steps replayed as CUDA graphs captured at fixed batch sizes: "none" | "vllm-v0"
@@ -167,6 +171,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         decode_attention=settings["decode_attention"],
         kv_cache_memory=settings["kv_cache_memory"],
         tp_all_reduce=settings["tp_all_reduce"],
+        tp_logits=settings["tp_logits"],
         custom_all_reduce_max_bytes=settings["custom_all_reduce_max_bytes"],
         cuda_graph_padding=settings["cuda_graph_padding"],
         tp=_int(table, "tp", w, 1),

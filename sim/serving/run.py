@@ -150,6 +150,7 @@ def build_system(
             shape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
             max_batched_tokens=spec.chunk_size if spec.scheduler == "sarathi" else spec.max_batched_tokens,
             max_num_seqs=spec.max_num_seqs, kv_cache_memory=spec.kv_cache_memory,
+            gathered_logits=spec.tp_logits == "all_gather",
         )
         overhead = spec.speculative.draft_free_overhead if spec.speculative else 0.0
         cost = StepCostModel(
@@ -157,7 +158,7 @@ def build_system(
             draft=_draft_cost(spec, shape) if role != "prefill" else None, draft_free_overhead=overhead,
             decode_attention=decode_attention_kernel(spec.decode_attention, shape.model, shape.tp),
             tp_all_reduce=spec.tp_all_reduce, custom_all_reduce_max_bytes=spec.custom_all_reduce_max_bytes,
-            cuda_graph_padding=spec.cuda_graph_padding,
+            cuda_graph_padding=spec.cuda_graph_padding, tp_logits=spec.tp_logits,
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))
         first += shape.num_gpus * count

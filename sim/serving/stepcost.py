@@ -54,6 +54,11 @@ def decode_attention_kernel(rule: str, model: ModelSpec, tp: int) -> str:
         raise ValueError(f"decode_attention = {rule!r}; allowed: {', '.join(DECODE_ATTENTION_RULES)}")
     return rule
 
+# What happens to the vocab-parallel logits under tensor parallelism: "shard" (each rank samples its own
+# vocabulary shard, nothing exchanged) or "all_gather" (TensorRT-LLM's LM head is a ColumnLinear with
+# gather_output=True: the 16-bit logits of the sampled positions, vocabulary padded to a multiple of tp,
+# are all-gathered onto every rank, and each rank's decoder samples the full vocabulary).
+TP_LOGITS = ("shard", "all_gather")
 # CUDA-graph rules of serving stacks: how a decode-only step's batch is padded to the batch sizes the
 # stack captured graphs at ("none": no padding). "vllm-v0": vLLM 0.5.x ModelRunner (vllm/worker/
 # model_runner.py, v0.5.3): a decode-only step of at most 256 sequences (_BATCH_SIZES_TO_CAPTURE =
@@ -145,10 +150,14 @@ class StepCostModel:
         tp_all_reduce: str = "nccl",
         custom_all_reduce_max_bytes: float = 0.0,
         cuda_graph_padding: str = "none",
+        tp_logits: str = "shard",
     ) -> None:
         if decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention = {decode_attention!r}; allowed: {', '.join(DECODE_ATTENTION_KERNELS)}")
         cuda_graph_batch(cuda_graph_padding, 1, 1)  # validates the rule
+        if tp_logits not in TP_LOGITS:
+            raise ValueError(f"tp_logits = {tp_logits!r}; allowed: {', '.join(TP_LOGITS)}")
+        self.tp_logits = tp_logits
         self.decode_attention = decode_attention
         self.cuda_graph_padding = cuda_graph_padding
         self.shape = shape
@@ -240,7 +249,9 @@ class StepCostModel:
         return op_time_s(hop, self._gpu, precision=self._precision, links=self._links)
 
     def head_time_s(self, sampled: int) -> float:
-        """LM head (vocab-parallel, no loss) and the sampler for ``sampled`` positions."""
+        """LM head (vocab-parallel, no loss) and the sampler for ``sampled`` positions; with
+        ``tp_logits = "all_gather"`` and tp > 1 the logits are all-gathered first and every rank's
+        sampler reads the full (padded) vocabulary."""
         cached = self._head_cache.get(sampled)
         if cached is not None:
             return cached
@@ -251,8 +262,14 @@ class StepCostModel:
             model, tokens=sampled, sharding=self._sharding, bytes_per_element=self._act_bpe,
             weight_bytes_per_element=self._w_bpe, loss=False,
         )
-        vocab_shard = -(-model.vocab // self.shape.tp)
-        ops.append(Op(name="sampler", kind="memory", bytes_moved=SAMPLER_PASSES * sampled * vocab_shard * LOGIT_BYTES))
+        tp = self.shape.tp
+        vocab_shard = -(-model.vocab // tp)
+        sampled_vocab = vocab_shard
+        if self.tp_logits == "all_gather" and tp > 1:
+            sampled_vocab = vocab_shard * tp  # the padded vocabulary, gathered onto every rank
+            ops.append(Op(name="logits_all_gather", kind="collective", collective="all_gather", axis="tp",
+                          message_bytes=sampled * sampled_vocab * self._act_bpe))
+        ops.append(Op(name="sampler", kind="memory", bytes_moved=SAMPLER_PASSES * sampled * sampled_vocab * LOGIT_BYTES))
         seconds = self._price(ops)
         self._head_cache[full_sampled] = seconds
         return seconds

@@ -51,6 +51,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "cuda_graph_padding": ("serving", ("none", "vllm-v0")),
         "chunked_prefill": ("serving", bool),
         "block_size": ("serving", int),
+        "tp_logits": ("serving", ("shard", "all_gather")),
     },
 }
 
