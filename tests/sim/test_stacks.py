@@ -383,3 +383,36 @@ def test_blocking_pipeline_p2p_holds_each_transfer_and_the_receivers_all_gather_
     assert runs["des"]["iteration_time_s"] > simulate_training(faster, RunOptions()).metrics()["iteration_time_s"]
     with pytest.raises(ConfigError, match="pipeline_p2p = 'sometimes'; allowed: overlapped, blocking"):
         parse_training({**base, "parallel": {**base["parallel"], "pipeline_p2p": "sometimes"}})
+
+
+def test_unfused_linear_bias_adds_the_qkv_bias_kernel_and_a_column_sum_per_biased_projection() -> None:
+    """Megatron-LM 2021-22 (``linear_bias = "unfused"``): the QKV matmul is followed by a bias add
+    (read + write m x n) whose backward column-sums the output gradient (read m x n); out_proj,
+    mlp_up and mlp_down sum their output gradients for their biases in W (rows x n each, the
+    row-parallel ones over the sequence-parallel shard). Fused epilogues and bias-free models add nothing."""
+    base = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 2048, "global_batch": 8, "micro_batch": 1, "precision": "fp16", "framework": "megatron-2021"},
+        "parallel": {"tp": 2, "pp": 1, "recompute": "full"},
+    }
+    unfused = parse_training(base)
+    assert unfused.linear_bias == "unfused" and parse_training(_config()).linear_bias == "fused"
+    fused = parse_training({**base, "training": {**base["training"], "linear_bias": "fused"}})
+    tokens, h, f = 2048, 2304, 9216
+    forward, b_ops, w_ops = layer_passes(unfused, moe=False)
+    by_name = {op.name: op for op in forward + b_ops + w_ops}
+    assert by_name["qkv_proj_bias_add"].bytes_moved == 2 * tokens * (3 * h // 2) * 2.0
+    assert by_name["recompute_qkv_proj_bias_add"].bytes_moved == 2 * tokens * (3 * h // 2) * 2.0  # full recompute
+    assert by_name["qkv_proj_bias_add_backward"].bytes_moved == tokens * (3 * h // 2) * 2.0
+    assert {op.name: op.bytes_moved for op in w_ops if op.name.endswith("_bias_grad")} == {
+        "out_proj_bias_grad": tokens * h * 2.0, "mlp_up_bias_grad": tokens * (f // 2) * 2.0,
+        "mlp_down_bias_grad": tokens * h * 2.0}
+    sp = parse_training({**base, "parallel": {"tp": 2, "pp": 1, "sequence_parallel": True}})  # no recompute
+    sp_grads = {op.name: op.bytes_moved for op in layer_passes(sp, moe=False)[2] if op.name.endswith("_bias_grad")}
+    assert sp_grads["out_proj_bias_grad"] == sp_grads["mlp_down_bias_grad"] == tokens // 2 * h * 2.0
+    for setup in (fused, parse_training({**base, "model": {"name": "llama3-8b"}})):
+        names = [op.name for ops in layer_passes(setup, moe=False) for op in ops]
+        assert not [name for name in names if "bias" in name]
+    with pytest.raises(ConfigError, match="linear_bias = 'sometimes'; allowed: fused, unfused"):
+        parse_training({**base, "training": {**base["training"], "linear_bias": "sometimes"}})
