@@ -150,6 +150,7 @@ class StepCostModel:
         tp_all_reduce: str = "nccl",
         custom_all_reduce_max_bytes: float = 0.0,
         cuda_graph_padding: str = "none",
+        api_server_token_overhead_s: float = 0.0,
         tp_logits: str = "shard",
     ) -> None:
         if decode_attention not in DECODE_ATTENTION_KERNELS:
@@ -160,6 +161,9 @@ class StepCostModel:
         self.tp_logits = tp_logits
         self.decode_attention = decode_attention
         self.cuda_graph_padding = cuda_graph_padding
+        # host time per token streamed through an API server that shares the engine's process (0: none,
+        # or a server in its own process), paid serially like the other CPU overheads
+        self.api_server_token_overhead_s = api_server_token_overhead_s
         self.shape = shape
         self.step_overhead_s = step_overhead_s
         self.request_overhead_s = request_overhead_s
@@ -363,11 +367,19 @@ class StepCostModel:
             # a decode-only step of one token per sequence: replayed at the captured batch size
             tokens = cuda_graph_batch(self.cuda_graph_padding, tokens, max(kv for _, kv in sequences)) or tokens
         seconds = self.batch_time_s(tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+        if self.api_server_token_overhead_s:
+            seconds += self.api_server_token_overhead_s * streamed_tokens(plan)
         if drafts > 0:
             self.speculative_steps += 1
             self.speculative_step_s += seconds
             self.draft_s += self._last_draft_s
         return seconds
+
+    def host_time_s(self, plan: StepPlan) -> float:
+        """The CPU part of ``step_time_s(plan)``: per step, per scheduled sequence, and per token
+        streamed through an in-process API server."""
+        return (self.step_overhead_s + self.request_overhead_s * len(plan.chunks)
+                + self.api_server_token_overhead_s * streamed_tokens(plan))
 
     def batch_time_s(
         self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int, *, drafts: int = 0,
@@ -385,6 +397,14 @@ class StepCostModel:
                 self._last_draft_s = seconds * self.draft_free_overhead
             seconds += self._last_draft_s
         return seconds + self.step_overhead_s + self.request_overhead_s * len(sequences)
+
+
+def streamed_tokens(plan: StepPlan) -> int:
+    """Sequences of ``plan`` that emit a token this step, so that a streaming API server sends one
+    chunk for each: every emitting decode, and every prefill chunk that completes its prompt (with the
+    tokens already generated, for a recomputed request)."""
+    return sum(1 for c in plan.chunks if c.emits and (
+        c.is_decode or c.context_tokens + c.query_tokens >= c.request.prompt_tokens + c.request.generated))
 
 
 def _balance(sequences: Sequence[tuple[int, int]], groups: int) -> list[list[tuple[int, int]]]:

@@ -159,7 +159,8 @@ def test_bad_cuda_graph_and_all_reduce_limit_values_are_one_line_errors(tmp_path
     from sim.cli import main
 
     for key, value, allowed in (("cuda_graph_padding", '"always"', "allowed: none, vllm-v0"),
-                                ("custom_all_reduce_max_bytes", "-1", "must be a number >= 0")):
+                                ("custom_all_reduce_max_bytes", "-1", "must be a number >= 0"),
+                                ("api_server", "\"yes\"", "must be true or false")):
         path = tmp_path / f"{key}.toml"
         path.write_text('[model]\nname = "llama2-7b"\n[cluster]\ngpu = "a100-sxm-80gb"\nnum_gpus = 1\n'
                         f'[serving]\nframework = "vllm-0.5"\n{key} = {value}\n'
@@ -167,3 +168,39 @@ def test_bad_cuda_graph_and_all_reduce_limit_values_are_one_line_errors(tmp_path
         assert main(["simulate", str(path)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("error:") and key in err and allowed in err and "\n" not in err
+
+
+def test_api_server_cost_per_streamed_token_follows_the_cited_profile() -> None:
+    # the vLLM v0.6.0 blog's profile of the 0.5.3-era server: HTTP API server 33 % vs the engine's host work
+    # 29 %, scaled from the profile's per-sequence host cost
+    profile = get_stack("serving", V0)
+    source = profile.sources["api_server_token_overhead_us"]
+    assert "33 %" in source and "29 %" in source and "PR #6883" in source
+    assert profile.settings["api_server_token_overhead_us"] == pytest.approx(89.5 * 33 / 29, abs=0.05)
+    assert get_stack("serving", "vllm").settings["api_server_token_overhead_us"] == 0.0  # V1: own process
+    assert not parse_serving({"framework": V0}).api_server  # offline unless the config says so
+
+
+def test_api_server_tokens_are_paid_serially_per_streamed_token() -> None:
+    # two requests, 3 output tokens each, through the server: the prefill step streams both first tokens,
+    # each decode step streams two more, 3 steps x 2 tokens x 101.8 us on top of the offline run
+    offline, served = _run(), _run(api_server=True)
+    assert served["pools"][0]["steps"] == offline["pools"][0]["steps"] == [3]
+    assert served["duration_s"] - offline["duration_s"] == pytest.approx(6 * 101.8e-6, rel=1e-9)
+    v1 = {"model": {"name": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
+          "workload": {"arrival": "offline", "num_requests": 2, "prompt_tokens": 64, "output_tokens": 3}}
+    assert (simulate({**v1, "serving": {"api_server": True}}, RunOptions()).metrics()["duration_s"]
+            == simulate({**v1, "serving": {}}, RunOptions()).metrics()["duration_s"])  # V1's server runs in its own process
+
+
+def test_a_prefill_chunk_that_does_not_finish_its_prompt_streams_nothing() -> None:
+    from sim.serving.plan import Chunk, StepPlan
+    from sim.serving.request import SimRequest
+    from sim.serving.stepcost import streamed_tokens
+
+    a, b, c = (SimRequest(i, 0.0, 100, 10, ()) for i in range(3))
+    plan = StepPlan(chunks=(Chunk(a, 60, 0, False), Chunk(b, 40, 60, False), Chunk(c, 1, 100, True)))
+    assert streamed_tokens(plan) == 2  # b completes its prompt, c decodes; a is mid-prompt
+    cost, served = _cost(), _cost(api_server=True)
+    assert served.step_time_s(plan) - cost.step_time_s(plan) == pytest.approx(2 * 101.8e-6, rel=1e-9)
+    assert served.host_time_s(plan) - cost.host_time_s(plan) == pytest.approx(2 * 101.8e-6, rel=1e-9)

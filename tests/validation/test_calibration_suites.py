@@ -122,22 +122,22 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
 
 
 def test_shipped_profiles_and_the_nanoflow_suite() -> None:
-    """NanoFlow's baselines: NOT yet no-worse with the shipped profiles. The TensorRT-LLM rows move by
-    under 1.5 points; the vLLM 0.5.3 rows are over-predicted on both (13-19 % analytic, 18-25 % shipped),
-    and vLLM's measured custom all-reduce (faster than the analytic NCCL model) widens that: MAPE
-    8.2 % analytic vs 11.2 % shipped (11.3 vs 14.6 % before the A100's sustained clock), pinned here
-    within 3.2 points so it cannot grow unnoticed."""
+    """NanoFlow's baselines: no worse with the shipped profiles (MAPE 3.1 % shipped vs 3.5 % analytic,
+    worst row 5.1 % vs 8.9 %; before the vLLM 0.5.3 API-server cost it was 11.2 % vs 8.2 %). The
+    TensorRT-LLM rows move by under 1.5 points; the vLLM rows are faster with vLLM's measured custom
+    all-reduce (75 us per 4 MiB all-reduce on 8 A100 against the analytic NCCL model's 113 us, both with
+    the 30 us per call), by 3-4 points."""
     from validation.serving_suite import run_serving_nanoflow_suite
 
     on, off = run_serving_nanoflow_suite(), run_serving_nanoflow_suite(calibration="none")
     metric = "total_tokens_per_s_per_gpu"
-    assert on.mape(metric) <= off.mape(metric) + 0.032
+    assert on.mape(metric) <= off.mape(metric) and on.worst(metric) <= off.worst(metric)
     for a, b in zip(on.comparisons, off.comparisons):
         assert a.row == b.row
         if " trtllm " in a.row:
             assert abs(a.error - b.error) <= 0.015, a.row
         else:
-            assert 0 < b.error < a.error, a.row  # over-predicted on both, more with the faster all-reduce
+            assert 0.02 < a.error - b.error < 0.05, a.row  # the faster all-reduce
 
 
 def test_shipped_profiles_and_the_training_suites() -> None:

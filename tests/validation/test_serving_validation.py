@@ -165,9 +165,9 @@ def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
 
 def test_nanoflow_baselines() -> None:
     # NanoFlow's TensorRT-LLM v0.8 and vLLM v0.5.3 baselines (LLaMA-2-70B TP8, 8 x A100, offline) through
-    # the user path. TensorRT-LLM rows are within the issue's 20 % (-1.4 to +1.0 % today); vLLM rows, on the
-    # "vllm-0.5" V0 stack, are over-predicted by 18-25 % (22-30 % before the A100's sustained clock, 59-67 % on
-    # the V1 profile): bounds near today's errors
+    # the user path. TensorRT-LLM rows -1.4 to +1.0 % today; vLLM rows, on the "vllm-0.5" V0 stack through
+    # its in-process OpenAI server (NanoFlow ran benchmark_serving.py), -5.1 to +5.0 % (+18 to +25 % without
+    # the server's per-token cost, 59-67 % on the V1 profile): bounds near today's errors
     from validation.serving_suite import run_serving_nanoflow_suite
 
     report = run_serving_nanoflow_suite()
@@ -178,7 +178,8 @@ def test_nanoflow_baselines() -> None:
     vllm = [e for r, e in rows.items() if " vllm-0.5 " in r]
     assert len(trtllm) == len(vllm) == 3
     assert all(abs(e) <= 0.025 for e in trtllm)
-    assert all(0.15 <= e <= 0.26 for e in vllm)
+    assert all(abs(e) <= 0.06 for e in vllm)
+    assert report.mape("total_tokens_per_s_per_gpu") <= 0.035
 
 
 def test_validate_runs_one_suite_alone_from_the_cli(capsys) -> None:  # type: ignore[no-untyped-def]
