@@ -15,6 +15,7 @@ from sim.training.config import TrainingSetup
 from sim.training.costs import (
     GROUP_AXES,
     LayerCost,
+    blocking_p2p_axes,
     chunk_cost,
     chunk_layer_kinds,
     collective_axes,
@@ -157,7 +158,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
         setup.overlap_slowdown, _chunk_plan_values(plan), plan.pp if plan.vocab_parallel else 0,
         setup.main_grad_accumulation, setup.grad_reduce_dtype,
-        setup.fp8_recipe, setup.fp8_bf16_edge_layers,
+        setup.fp8_recipe, setup.fp8_bf16_edge_layers, setup.pipeline_p2p, setup.linear_bias,
     ))
     setup_context = cache.intern(
         ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
@@ -210,7 +211,7 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
         plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.vocab_parallel, plan.layers_per_stage, plan.recompute_layers,
-        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
+        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp, setup.pipeline_p2p,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 
@@ -242,6 +243,8 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
         stage_class.append(index)
     memory_kinds, memory_class = stage_memory_classes(setup.model, plan)
     bandwidth, latency = p2p_links(setup, cache)
+    if setup.pipeline_p2p == "blocking":  # the chunks' F and B already hold the transfers (costs.blocking_p2p_s)
+        bandwidth, latency = (float("inf"),) * len(bandwidth), (0.0,) * len(latency)
     return StageLayout(
         key=key,
         signatures=tuple(signatures),
@@ -264,7 +267,8 @@ def _chunks_of_class(
     """(chunks with their sums, per-chunk (FLOPs, recompute FLOPs)) of stage class ``index``.
 
     A layer's price depends on the links only through the groups of its collectives' axes
-    (``costs.collective_axes``), so layers and chunks are memoized per chunk context and the links
+    (``costs.collective_axes``), a chunk's through those of its layers and its blocking p2p
+    (``costs.blocking_p2p_axes``), so layers and chunks are memoized per chunk context and the links
     of those axes alone: plans differing only in data-parallel or pipeline degree (other dp, pp and
     dp-shard groups) share them. The ops of each layer kind are built once per chunk context."""
     signature, links = layout.signatures[index], layout.links[index]
@@ -290,7 +294,7 @@ def _chunks_of_class(
 
     def kinds_of(layers: range, first: bool, last: bool, recomputed: int) -> tuple[tuple[Any, ...], tuple[str, ...]]:
         kinds = tuple(chunk_layer_kinds(setup, layers=layers, first=first, last=last, recomputed=recomputed))
-        return kinds, tuple(sorted(frozenset().union(*(ops_of(k)[1] for k in set(kinds)))))
+        return kinds, tuple(sorted(frozenset(blocking_p2p_axes(setup)).union(*(ops_of(k)[1] for k in set(kinds)))))
 
     costs = []
     for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature):
