@@ -54,6 +54,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "chunked_prefill": ("serving", bool),
         "block_size": ("serving", int),
         "tp_logits": ("serving", ("shard", "all_gather")),
+        "custom_all_reduce_launch": ("serving", ("collective", "kernel")),
     },
 }
 
