@@ -222,14 +222,6 @@ def plan_batch(token: str, contexts: Sequence[Any], work: Sequence[tuple[Candida
     ]
 
 
-    binding = _binding_constraint(space, lights, floors, funnel, ranked[0] if ranked else None)
-    return TrainingSearchResult(
-        objective=space.objective, train_tokens=space.train_tokens, ranked=ranked,
-        pareto=pareto, binding_constraint=binding, funnel=funnel, rows=rows, screen_metric_names=SCREEN_METRICS,
-        wall_time_s=time.perf_counter() - start, feasible=bool(pool), contexts=space.contexts,
-    )
-
-
 # candidates that differ only in the schedule and price the same (at pp = 1 every 1F1B-family
 # schedule is the same plan): the first is ranked, the rest counted under this rule
 EQUIVALENT_RULE = "equivalent: same metrics as an earlier candidate differing only in the schedule"

@@ -1,6 +1,6 @@
 """Screening: every enumerated candidate is validated by the simulator's rules, checked against a
 memory lower bound and priced by the analytic fidelity's cached path (``estimate_training`` with
-one ``PricingCache`` per worker process). Batches go through ``search.executor.map_batches``; the
+one ``PricingCache`` per worker process). Batches go through ``search.executor.BatchPool``; the
 per-process state (parsed contexts, the cache) is rebuilt once per process and never changes a
 number, so any executor and worker count gives the same results.
 """
