@@ -363,86 +363,91 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     at = np.concatenate([slots + own_f, own_f], axis=1)
     room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local]], axis=1)
     keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth], axis=1)
-    nxt = np.zeros((lanes, 2 * per_stage), dtype=np.int64)
     no_choice = 3 * int(span.max())
-    column_kind = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE), [W_CODE]])
-    column_chunk = np.concatenate([np.arange(per_stage), np.arange(per_stage), [0]])
+    columns = 2 * per_stage
+    # per (lane, column), flat: the next op's micro-batch and the ends it waits for and sets
+    # (first + micro-batch, second + ..., at + ...), moved on as the column's ops are placed
+    nxt = np.zeros(lanes * columns, dtype=np.int64)
+    wait_a, wait_b, end_at = first.ravel(), second.ravel(), at.ravel()
+    keys, room = keys.ravel(), room.reshape(lanes, columns)
+    column_kind = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE)])
     column_held = np.concatenate([np.full(per_stage, -1), np.full(per_stage, 1)])
     b_duration = 1 if split else 2
     column_duration = np.concatenate([np.full(per_stage, b_duration), np.full(per_stage, 1)])
-    w_key = 2 * span
-    w_column = 2 * per_stage
+    column_chunk = np.tile(np.arange(per_stage), 2)
+    lane_column_m = np.repeat(lane_m, columns)
+    lane_column_chunks = np.repeat(lane_chunks, columns)
     held = np.zeros(lanes, dtype=np.int64)
     free = np.zeros(lanes, dtype=np.int64)
     total = 3 * lane_m * per_stage
     out_base = np.cumsum(total) - total
     out = np.zeros((3, int(total.sum())), dtype=np.int64)  # columns of the rows: pass code, micro-batch, local chunk
     out_kind, out_mb, out_chunk = out
-    done = np.zeros(lanes, dtype=np.int64)
+    cursor = out_base.copy()  # per lane, where its next op goes in ``out``
     # pending W per lane (micro-batch, local chunk) in B order: a queue with head and tail
     queue_base = out_base // 3
-    queue = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
-    head = np.zeros(lanes, dtype=np.int64)
-    tail = np.zeros(lanes, dtype=np.int64)
-    score = np.empty((lanes, 2 * per_stage + 1), dtype=np.int64)
-    every = np.arange(lanes)
+    queue_mb, queue_chunk = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
+    head, tail = queue_base.copy(), queue_base.copy()
+    row_start = np.arange(lanes) * columns
     left = int(total.sum())  # ops not yet placed
     t = 0
     while True:
-        # every lane's choices scored (a lane with nothing to choose, busy or finished, is left out)
-        ready = (ends[first + nxt] <= t) & (ends[second + nxt] <= t) & (held[:, None] <= room)
-        score[:, :w_column] = np.where(ready, keys, no_choice)
-        score[:, w_column] = np.where(head < tail, w_key, no_choice)
+        # every lane's choices: its best ready B or F (a W, pending since its B, only when none is)
+        score = np.where((ends[wait_a] <= t) & (ends[wait_b] <= t), keys, no_choice).reshape(lanes, columns)
+        score[held[:, None] > room] = no_choice
         column = score.argmin(axis=1)
-        rows = np.flatnonzero((score[every, column] < no_choice) & (free <= t))
+        best = row_start + column
+        has_fb = keys[best] == score.ravel()[best]  # the best is a ready op (keys are below no_choice)
+        rows = np.flatnonzero((has_fb | (head < tail)) & (free <= t))
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
             if not len(later_free):
-                stuck = specs[int(np.searchsorted(np.cumsum(pps), np.flatnonzero(done < total)[0], side="right"))]
+                stuck = specs[int(np.searchsorted(np.cumsum(pps), np.flatnonzero(cursor < out_base + total)[0], side="right"))]
                 raise InvalidPlanError(
                     f"schedule cannot proceed under its activation limits {list(stuck.limits)} (pp = {stuck.pp}, m = {stuck.m})"
                 )
             t = int(later_free.min())
             continue
-        stages, column = rows, column[rows]
-        kind = column_kind[column]
-        chunk = column_chunk[column]
-        is_w = column == w_column
-        microbatch = np.empty(len(rows), dtype=np.int64)
-        if is_w.any():
-            w_stages = stages[is_w]
-            w_slot = queue_base[w_stages] + head[w_stages]
-            microbatch[is_w] = queue[0, w_slot]
-            chunk[is_w] = queue[1, w_slot]
+        is_fb = has_fb[rows]
+        row = cursor[rows]
+        cursor[rows] += 1
+        free[rows] = t + 1
+        if not is_fb.all():
+            w_stages = rows[~is_fb]
+            w_row = row[~is_fb]
+            w_slot = head[w_stages]
+            out_kind[w_row], out_mb[w_row], out_chunk[w_row] = W_CODE, queue_mb[w_slot], queue_chunk[w_slot]
             head[w_stages] += 1
-            fb = ~is_w
-            fb_stages, fb_column = stages[fb], column[fb]
+            stages, row = rows[is_fb], row[is_fb]
         else:
-            fb_stages, fb_column = stages, column
-        fb_mb = nxt[fb_stages, fb_column]
-        microbatch[~is_w] = fb_mb
-        ends[at[fb_stages, fb_column] + fb_mb] = t + column_duration[fb_column]
-        nxt[fb_stages, fb_column] += 1
-        keys[fb_stages, fb_column] += lane_chunks[fb_stages]
-        gone = fb_mb + 1 == lane_m[fb_stages]  # the column's last op: it never has another
-        if gone.any():
-            first[fb_stages[gone], fb_column[gone]] = nowhere - fb_mb[gone] - 1
-        held[fb_stages] += column_held[fb_column]
-        row = out_base[stages] + done[stages]
-        out_kind[row], out_mb[row], out_chunk[row] = kind, microbatch, chunk
-        done[stages] += 1
-        free[stages] = t + 1
-        is_b = fb_column < per_stage
-        b_stages = fb_stages[is_b]
+            stages = rows
+        c = column[stages]
+        flat = best[stages]
+        mb = nxt[flat]
+        out_kind[row], out_mb[row], out_chunk[row] = column_kind[c], mb, column_chunk[c]
+        ends[end_at[flat]] = t + column_duration[c]
+        nxt[flat] += 1
+        end_at[flat] += 1
+        wait_a[flat] += 1
+        wait_b[flat] += 1
+        keys[flat] += lane_column_chunks[flat]
+        gone = flat[mb + 1 == lane_column_m[flat]]  # the column's last op: it never has another
+        if len(gone):
+            wait_a[gone] = nowhere
+            wait_b[gone] = nowhere
+        held[stages] += column_held[c]
+        is_b = c < per_stage
+        b_stages = stages[is_b]
         if split:
-            queue[:, queue_base[b_stages] + tail[b_stages]] = (fb_mb[is_b], fb_column[is_b])
+            slot = tail[b_stages]
+            queue_mb[slot], queue_chunk[slot] = mb[is_b], c[is_b]
             tail[b_stages] += 1
         elif len(b_stages):
-            row = out_base[b_stages] + done[b_stages]
-            out_kind[row], out_mb[row], out_chunk[row] = W_CODE, fb_mb[is_b], fb_column[is_b]
-            done[b_stages] += 1
+            w_row = cursor[b_stages]
+            out_kind[w_row], out_mb[w_row], out_chunk[w_row] = W_CODE, mb[is_b], c[is_b]
+            cursor[b_stages] += 1
             free[b_stages] = t + 2
-        left -= len(stages) + (0 if split else len(b_stages))
+        left -= len(rows) + (0 if split else len(b_stages))
         if not left:
             break
         t += 1

@@ -445,3 +445,11 @@ def test_pareto_of_a_union_equals_the_pareto_of_its_vectors() -> None:
                      for _ in range(size))
         sets = sets + (((1, 2, 3),),)
         assert schedules._pareto_of_all(sets) == schedules._pareto(tuple(v for vectors in sets for v in vectors))
+
+
+def test_list_scheduler_names_the_program_that_cannot_proceed() -> None:
+    from sim.training import schedules
+
+    stuck = schedules.GreedySpec(pp=2, m=3, place=(0, 1), limits=(0, 1), split=True)  # stage 0 may hold none
+    with pytest.raises(InvalidPlanError, match=r"activation limits \[0, 1\] \(pp = 2, m = 3\)"):
+        schedules._greedy([schedules._greedy_spec("zb-h2", 2, 3, 1), stuck])
