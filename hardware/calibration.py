@@ -203,12 +203,15 @@ class CalibrationProfile:
         curve = self.collectives.get((kind, ranks))
         return None if curve is None or message_bytes <= 0 else curve.at(message_bytes)
 
-    def for_tp_all_reduce(self, framework: str) -> CalibrationProfile:
+    def for_tp_all_reduce(self, framework: str, max_bytes: float = 0.0) -> CalibrationProfile:
         """This profile as a serving stack of ``framework`` sees it: its tensor-parallel all-reduces run
-        the framework's own all-reduce where measured, at each size the faster of that kernel and NCCL
-        (TensorRT-LLM's AllReduceStrategy AUTO picks per size; vLLM and SGLang fall back to NCCL above
-        their custom kernel's size limit). Itself when the profile has no curve of ``framework``."""
-        view = self._views.get(framework)
+        the framework's own all-reduce where measured. With ``max_bytes`` 0, at each size the faster of
+        that kernel and NCCL (TensorRT-LLM's AllReduceStrategy AUTO picks per size); with ``max_bytes``
+        > 0, the framework's kernel for messages of at most ``max_bytes`` and NCCL above, whichever
+        is faster (vLLM's ``should_custom_ar`` size limit). Itself when the profile has no curve of
+        ``framework``."""
+        key = (framework, float(max_bytes))
+        view = self._views.get(key)
         if view is None:
             curves = {ranks: c for (fw, ranks), c in self.custom_all_reduce.items() if fw == framework}
             if not curves:
@@ -217,10 +220,40 @@ class CalibrationProfile:
                 collectives = dict(self.collectives)
                 for ranks, custom in curves.items():
                     nccl = collectives.get(("all_reduce", ranks))
-                    collectives[("all_reduce", ranks)] = custom if nccl is None else _faster(custom, nccl)
+                    if max_bytes > 0:
+                        collectives[("all_reduce", ranks)] = SizeSwitch(below=custom, above=nccl, max_bytes=float(max_bytes))
+                    else:
+                        collectives[("all_reduce", ranks)] = custom if nccl is None else _faster(custom, nccl)
                 view = dataclasses.replace(self, collectives=collectives, custom_all_reduce={}, _views={})
-            self._views[framework] = view
+            self._views[key] = view
         return view
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class SizeSwitch:
+    """A collective whose implementation switches by message size: ``below`` for messages of at most
+    ``max_bytes`` bytes, ``above`` past it and where ``below`` is not measured (None where neither
+    is: the analytic default applies)."""
+
+    below: Curve
+    above: Curve | None
+    max_bytes: float
+
+    @property
+    def rows(self) -> int:
+        return self.below.rows + (self.above.rows if self.above is not None else 0)
+
+    @property
+    def provenance(self) -> str:
+        above = self.above.provenance if self.above is not None else "the analytic NCCL model"
+        return f"{self.below.provenance} up to {self.max_bytes:.0f} B, {above} past it"
+
+    def at(self, x: float) -> float | None:
+        if x <= self.max_bytes:
+            measured = self.below.at(x)
+            if measured is not None:
+                return measured
+        return None if self.above is None else self.above.at(x)
 
 
 def _faster(a: Curve, b: Curve) -> Curve:
@@ -375,8 +408,8 @@ class ShippedProfile:
     def collective_s(self, kind: str, ranks: int, message_bytes: float) -> float | None:
         return self.profile.collective_s(kind, ranks, message_bytes)
 
-    def for_tp_all_reduce(self, framework: str) -> CalibrationProfile | ShippedProfile:
-        view = self.profile.for_tp_all_reduce(framework)
+    def for_tp_all_reduce(self, framework: str, max_bytes: float = 0.0) -> CalibrationProfile | ShippedProfile:
+        view = self.profile.for_tp_all_reduce(framework, max_bytes)
         return self if view is self.profile else view
 
 

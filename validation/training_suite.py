@@ -25,11 +25,11 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
-# Iteration time: regression bounds at today's errors (MAPE 7.2 %, worst 19.7 %: the Megatron-Core
+# Iteration time: regression bounds at today's errors (MAPE 6.6 %, worst 19.7 %: the Megatron-Core
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
-    Threshold(metric="iteration_time_s", max_mape=0.075, max_row_error=0.20),
+    Threshold(metric="iteration_time_s", max_mape=0.07, max_row_error=0.20),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -209,15 +209,18 @@ def memory_comparisons() -> list[Comparison]:
 # The 2023-25 stacks (published-training.md A9-A11, A13: NeMo / Megatron-Bridge / MLPerf fp8 on H100,
 # llm-foundry FSDP): the issue's target is MAPE <= 7 % and no row worse than 15 %; the model is not
 # there yet (most rows are predicted too fast, see MISSING_MECHANISMS), so these bounds only keep it
-# from getting worse than it is now (15.2 % / 27.8 %). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.16, max_row_error=0.285),)
+# from getting worse than it is now (14.8 % / 26.5 %). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.15, max_row_error=0.27),)
 MISSING_MECHANISMS = (
     "rows of the 2023-25 stacks are predicted 14 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
     "fraction, llm-foundry's FA1-class Triton attention and per-op Composer AdamW, bf16 gradient buffers, fp8 "
-    "primary weights and Megatron-Bridge FP8-CS's bf16 first and last layers are modelled); not modelled: GEMM "
-    "chunks of the TP overlap (today's GEMM model prices a 512-row chunk 3 % (fp8) to 16 % (bf16) slower than the "
-    "whole GEMM; no sourced chunk measurement), an H100 sustained clock under power capping (the A100's, 1,305 of "
+    "primary weights, Megatron-Bridge FP8-CS's bf16 first and last layers and Transformer Engine's userbuffer "
+    "overlap GEMM by GEMM (ring-exchange GEMMs in tp chunks of m/tp rows, pipeline GEMMs in 4 chunks and bulk "
+    "GEMMs on the SMs the 16-SM communication kernel leaves) are modelled); not modelled: an H100 sustained "
+    "clock under power capping (the A100's, 1,305 of "
     "1,410 MHz, is modelled; no bf16 H100 figure is sourced, and the H100 tables' long kernels run at the MAMF); "
+    "attention dropout inside the fused attention kernel (NeMo's GPT-3 recipes train with attention_dropout 0.1; "
+    "no H100 measurement of its cost is sourced); "
     "host dispatch (not the cause of the fast small-model rows: their kernels run 18-800 us, and a layer's ~40 "
     "launches at tens of us each take less host time than its GPU time); the MLPerf v3.0/v3.1 rows compare the "
     "logged train_step_timing (their logged throughput also counts the validation runs) at their own interleaving "

@@ -77,11 +77,14 @@ def weights_bytes_per_gpu(shape: ReplicaShape) -> float:
     return per_gpu * bytes_per_element(shape.weight_precision)
 
 
-def workspace_bytes_per_gpu(shape: ReplicaShape, max_batched_tokens: int, max_num_seqs: int) -> float:
+def workspace_bytes_per_gpu(
+    shape: ReplicaShape, max_batched_tokens: int, max_num_seqs: int, gathered_logits: bool = False
+) -> float:
     """Peak activation memory of the largest step (vLLM profiles exactly this with a dummy batch of
     ``max_batched_tokens``): the layer input and residual (2 h), the QKV output, and the MLP
     intermediate (gate and up, then the activated product) of the rank, in activation precision,
-    plus the fp32 logits of ``max_num_seqs`` sampled positions over the rank's vocab shard."""
+    plus the fp32 logits of ``max_num_seqs`` sampled positions over the rank's vocab shard (over the
+    whole padded vocabulary when the stack gathers the logits onto every rank, ``gathered_logits``)."""
     model = shape.model
     a = bytes_per_element(shape.activation_precision)
     tp = shape.tp
@@ -93,13 +96,14 @@ def workspace_bytes_per_gpu(shape: ReplicaShape, max_batched_tokens: int, max_nu
     per_token = (2 * model.hidden + max(qkv, mlp)) * a
     # with ep groups each GPU holds its group's share of the step (see ReplicaShape)
     tokens = math.ceil(max_batched_tokens / shape.ep)
-    logits = math.ceil(max_num_seqs / shape.ep) * math.ceil(model.vocab / tp) * LOGIT_BYTES
+    vocab = math.ceil(model.vocab / tp) * (tp if gathered_logits else 1)
+    logits = math.ceil(max_num_seqs / shape.ep) * vocab * LOGIT_BYTES
     return tokens * per_token + logits
 
 
 def replica_memory(
     shape: ReplicaShape, *, gpu_memory_utilization: float, block_size: int, max_batched_tokens: int, max_num_seqs: int,
-    kv_cache_memory: str = "total_fraction",
+    kv_cache_memory: str = "total_fraction", gathered_logits: bool = False,
 ) -> ReplicaMemory:
     """The memory plan of one replica GPU (the most loaded one: the first pipeline stage).
     ``kv_cache_memory``: "total_fraction" (vLLM) budgets ``gpu_memory_utilization`` of the whole GPU
@@ -107,7 +111,7 @@ def replica_memory(
     free_gpu_memory_fraction) gives KV that fraction of what they leave of the whole GPU."""
     capacity = shape.cluster.gpu.hbm_capacity_bytes
     weights = weights_bytes_per_gpu(shape)
-    workspace = workspace_bytes_per_gpu(shape, max_batched_tokens, max_num_seqs)
+    workspace = workspace_bytes_per_gpu(shape, max_batched_tokens, max_num_seqs, gathered_logits)
     comm = NCCL_BUFFER_BYTES if shape.num_gpus > 1 else 0.0
     if kv_cache_memory == "free_fraction":
         budget = capacity

@@ -30,7 +30,8 @@ SERVING_KEYS = (
     "chunk_size", "block_size", "gpu_memory_utilization", "prefix_caching", "replicas", "router",
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
     "max_model_len", "disaggregated", "speculative", "framework", "decode_attention", "kv_cache_memory",
-    "tp_all_reduce",
+    "tp_all_reduce", "custom_all_reduce_max_bytes", "cuda_graph_padding", "tp_logits", "api_server_token_overhead_us",
+    "api_server",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -102,6 +103,20 @@ class ServingSpec:
     # the kernel of tensor-parallel all-reduces: "nccl", or a serving framework's own all-reduce
     # ("trtllm", "vllm", "sglang"), priced from the calibration profile's measured curve of it
     tp_all_reduce: str = "nccl"
+    # the LM head's vocab-parallel logits under tp > 1: "shard" (each rank samples its own vocab
+    # shard, no exchange) | "all_gather" (TensorRT-LLM: gathered onto every rank, each rank's decoder
+    # samples the full vocabulary; see sim.serving.stepcost)
+    tp_logits: str = "shard"
+    # largest all-reduce (bytes) the stack's own kernel takes, NCCL above; 0: the faster of both per size
+    custom_all_reduce_max_bytes: float = 0.0
+    # decode-only steps replayed as CUDA graphs captured at fixed batch sizes: "none" | "vllm-v0"
+    # (sim.serving.stepcost.cuda_graph_batch)
+    cuda_graph_padding: str = "none"
+    # requests arrive through the stack's HTTP API server with token streaming (vLLM benchmark_serving.py
+    # against the OpenAI server), not through the offline engine API (LLM.generate, benchmark_throughput.py)
+    api_server: bool = False
+    # host time per streamed token the stack's API server spends in the engine's process (0: none there)
+    api_server_token_overhead_s: float = 0.0
     disaggregated: DisaggregatedSpec | None = None
     speculative: SpeculativeSpec | None = None
     compute_precision: str | None = None  # 16-bit activation format when the GPU forces one (no bf16)
@@ -162,6 +177,11 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         decode_attention=settings["decode_attention"],
         kv_cache_memory=settings["kv_cache_memory"],
         tp_all_reduce=settings["tp_all_reduce"],
+        tp_logits=settings["tp_logits"],
+        custom_all_reduce_max_bytes=settings["custom_all_reduce_max_bytes"],
+        cuda_graph_padding=settings["cuda_graph_padding"],
+        api_server_token_overhead_s=settings["api_server_token_overhead_us"] * us,
+        api_server=_bool(table, "api_server", w, False),
         tp=_int(table, "tp", w, 1),
         pp=_int(table, "pp", w, 1),
         ep=_int(table, "ep", w, 1),

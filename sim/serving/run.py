@@ -150,13 +150,16 @@ def build_system(
             shape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
             max_batched_tokens=spec.chunk_size if spec.scheduler == "sarathi" else spec.max_batched_tokens,
             max_num_seqs=spec.max_num_seqs, kv_cache_memory=spec.kv_cache_memory,
+            gathered_logits=spec.tp_logits == "all_gather",
         )
         overhead = spec.speculative.draft_free_overhead if spec.speculative else 0.0
         cost = StepCostModel(
             shape, step_overhead_s=spec.step_overhead_s, request_overhead_s=spec.request_overhead_s,
             draft=_draft_cost(spec, shape) if role != "prefill" else None, draft_free_overhead=overhead,
             decode_attention=decode_attention_kernel(spec.decode_attention, shape.model, shape.tp),
-            tp_all_reduce=spec.tp_all_reduce,
+            tp_all_reduce=spec.tp_all_reduce, custom_all_reduce_max_bytes=spec.custom_all_reduce_max_bytes,
+            cuda_graph_padding=spec.cuda_graph_padding, tp_logits=spec.tp_logits,
+            api_server_token_overhead_s=spec.api_server_token_overhead_s if spec.api_server else 0.0,
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))
         first += shape.num_gpus * count
@@ -176,7 +179,7 @@ def pipeline_stage_cost(cost: StepCostModel, stages: int) -> StageCost:
 
     def stage_times(plan: StepPlan) -> tuple[float, float, float]:
         total_s = cost.step_time_s(plan)
-        host_s = cost.step_overhead_s + cost.request_overhead_s * len(plan.chunks)
+        host_s = cost.host_time_s(plan)
         hop_s = cost.pipeline_hop_s(plan.num_tokens) if plan.chunks else 0.0
         gpu_s = max(total_s - host_s - (stages - 1) * hop_s, 0.0)
         return host_s, gpu_s / stages, hop_s

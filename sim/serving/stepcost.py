@@ -54,6 +54,40 @@ def decode_attention_kernel(rule: str, model: ModelSpec, tp: int) -> str:
         raise ValueError(f"decode_attention = {rule!r}; allowed: {', '.join(DECODE_ATTENTION_RULES)}")
     return rule
 
+# What happens to the vocab-parallel logits under tensor parallelism: "shard" (each rank samples its own
+# vocabulary shard, nothing exchanged) or "all_gather" (TensorRT-LLM's LM head is a ColumnLinear with
+# gather_output=True: the 16-bit logits of the sampled positions, vocabulary padded to a multiple of tp,
+# are all-gathered onto every rank, and each rank's decoder samples the full vocabulary).
+TP_LOGITS = ("shard", "all_gather")
+# CUDA-graph rules of serving stacks: how a decode-only step's batch is padded to the batch sizes the
+# stack captured graphs at ("none": no padding). "vllm-v0": vLLM 0.5.x ModelRunner (vllm/worker/
+# model_runner.py, v0.5.3): a decode-only step of at most 256 sequences (_BATCH_SIZES_TO_CAPTURE =
+# [1, 2, 4] + [8 i for i in 1..32]) whose longest sequence is at most max_seq_len_to_capture (EngineArgs
+# default 8192) replays the graph of _get_graph_batch_size(batch): 1, 2, 4, then the next multiple of 8;
+# the padding slots run every layer's GEMMs and elementwise ops (input token 0, sequence length 1) and are
+# dropped before the LM head (_prune_hidden_states); other steps run eagerly, unpadded.
+CUDA_GRAPH_RULES = ("none", "vllm-v0")
+VLLM_V0_GRAPH_MAX_BATCH = 256
+VLLM_V0_GRAPH_MAX_SEQ_LEN = 8192
+VLLM_V0_GRAPH_ALIGNMENT = 8
+
+
+def cuda_graph_batch(rule: str, batch: int, longest_seq_tokens: int) -> int | None:
+    """The batch size a decode-only step of ``batch`` sequences (the longest ``longest_seq_tokens``
+    tokens with the new one) runs at under CUDA-graph ``rule``; None when it runs eagerly."""
+    if rule == "none":
+        return None
+    if rule != "vllm-v0":
+        raise ValueError(f"cuda_graph_padding = {rule!r}; allowed: {', '.join(CUDA_GRAPH_RULES)}")
+    if batch > VLLM_V0_GRAPH_MAX_BATCH or longest_seq_tokens > VLLM_V0_GRAPH_MAX_SEQ_LEN:
+        return None
+    if batch <= 2:
+        return batch
+    if batch <= 4:
+        return 4
+    return -(-batch // VLLM_V0_GRAPH_ALIGNMENT) * VLLM_V0_GRAPH_ALIGNMENT
+
+
 # Sampling reads the fp32 logits of each sampled position once for softmax/top-p and once for the
 # draw (vLLM's sampler: logits.float(), softmax, then multinomial sampling): 2 passes x 4 bytes.
 SAMPLER_PASSES = 2
@@ -114,10 +148,22 @@ class StepCostModel:
         draft_free_overhead: float = 0.0,
         decode_attention: str = "shared_kv",
         tp_all_reduce: str = "nccl",
+        custom_all_reduce_max_bytes: float = 0.0,
+        cuda_graph_padding: str = "none",
+        api_server_token_overhead_s: float = 0.0,
+        tp_logits: str = "shard",
     ) -> None:
         if decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention = {decode_attention!r}; allowed: {', '.join(DECODE_ATTENTION_KERNELS)}")
+        cuda_graph_batch(cuda_graph_padding, 1, 1)  # validates the rule
+        if tp_logits not in TP_LOGITS:
+            raise ValueError(f"tp_logits = {tp_logits!r}; allowed: {', '.join(TP_LOGITS)}")
+        self.tp_logits = tp_logits
         self.decode_attention = decode_attention
+        self.cuda_graph_padding = cuda_graph_padding
+        # host time per token streamed through an API server that shares the engine's process (0: none,
+        # or a server in its own process), paid serially like the other CPU overheads
+        self.api_server_token_overhead_s = api_server_token_overhead_s
         self.shape = shape
         self.step_overhead_s = step_overhead_s
         self.request_overhead_s = request_overhead_s
@@ -138,8 +184,10 @@ class StepCostModel:
         self._links = {"tp": cluster.group_links(ranks)}
         tp_calibration = self._links["tp"].calibration
         if tp_all_reduce != "nccl" and tp_calibration is not None:
-            # the stack's own all-reduce kernel where the GPU's profile measured it (``for_tp_all_reduce``)
-            self._links["tp"] = replace(self._links["tp"], calibration=tp_calibration.for_tp_all_reduce(tp_all_reduce))
+            # the stack's own all-reduce kernel where the GPU's profile measured it, up to the stack's size
+            # limit for it (``for_tp_all_reduce``)
+            self._links["tp"] = replace(self._links["tp"], calibration=tp_calibration.for_tp_all_reduce(
+                tp_all_reduce, custom_all_reduce_max_bytes))
         stage_gpus = shape.tp * shape.ep
         if shape.ep > 1:
             self._links["ep"] = cluster.group_links([shape.first_rank + i * shape.tp for i in range(shape.ep)])
@@ -205,7 +253,9 @@ class StepCostModel:
         return op_time_s(hop, self._gpu, precision=self._precision, links=self._links)
 
     def head_time_s(self, sampled: int) -> float:
-        """LM head (vocab-parallel, no loss) and the sampler for ``sampled`` positions."""
+        """LM head (vocab-parallel, no loss) and the sampler for ``sampled`` positions; with
+        ``tp_logits = "all_gather"`` and tp > 1 the logits are all-gathered first and every rank's
+        sampler reads the full (padded) vocabulary."""
         cached = self._head_cache.get(sampled)
         if cached is not None:
             return cached
@@ -216,8 +266,14 @@ class StepCostModel:
             model, tokens=sampled, sharding=self._sharding, bytes_per_element=self._act_bpe,
             weight_bytes_per_element=self._w_bpe, loss=False,
         )
-        vocab_shard = -(-model.vocab // self.shape.tp)
-        ops.append(Op(name="sampler", kind="memory", bytes_moved=SAMPLER_PASSES * sampled * vocab_shard * LOGIT_BYTES))
+        tp = self.shape.tp
+        vocab_shard = -(-model.vocab // tp)
+        sampled_vocab = vocab_shard
+        if self.tp_logits == "all_gather" and tp > 1:
+            sampled_vocab = vocab_shard * tp  # the padded vocabulary, gathered onto every rank
+            ops.append(Op(name="logits_all_gather", kind="collective", collective="all_gather", axis="tp",
+                          message_bytes=sampled * sampled_vocab * self._act_bpe))
+        ops.append(Op(name="sampler", kind="memory", bytes_moved=SAMPLER_PASSES * sampled * sampled_vocab * LOGIT_BYTES))
         seconds = self._price(ops)
         self._head_cache[full_sampled] = seconds
         return seconds
@@ -306,12 +362,24 @@ class StepCostModel:
             else:
                 sampled += 1
         decode_contexts = [c.context_tokens for c in chunks if c.is_decode] if drafts > 0 else []
-        seconds = self.batch_time_s(plan.num_tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+        tokens = plan.num_tokens
+        if self.cuda_graph_padding != "none" and plan.num_prefill_tokens == 0 and tokens == len(chunks):
+            # a decode-only step of one token per sequence: replayed at the captured batch size
+            tokens = cuda_graph_batch(self.cuda_graph_padding, tokens, max(kv for _, kv in sequences)) or tokens
+        seconds = self.batch_time_s(tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+        if self.api_server_token_overhead_s:
+            seconds += self.api_server_token_overhead_s * streamed_tokens(plan)
         if drafts > 0:
             self.speculative_steps += 1
             self.speculative_step_s += seconds
             self.draft_s += self._last_draft_s
         return seconds
+
+    def host_time_s(self, plan: StepPlan) -> float:
+        """The CPU part of ``step_time_s(plan)``: per step, per scheduled sequence, and per token
+        streamed through an in-process API server."""
+        return (self.step_overhead_s + self.request_overhead_s * len(plan.chunks)
+                + self.api_server_token_overhead_s * streamed_tokens(plan))
 
     def batch_time_s(
         self, tokens: int, sequences: Sequence[tuple[int, int]], sampled: int, *, drafts: int = 0,
@@ -329,6 +397,14 @@ class StepCostModel:
                 self._last_draft_s = seconds * self.draft_free_overhead
             seconds += self._last_draft_s
         return seconds + self.step_overhead_s + self.request_overhead_s * len(sequences)
+
+
+def streamed_tokens(plan: StepPlan) -> int:
+    """Sequences of ``plan`` that emit a token this step, so that a streaming API server sends one
+    chunk for each: every emitting decode, and every prefill chunk that completes its prompt (with the
+    tokens already generated, for a recomputed request)."""
+    return sum(1 for c in plan.chunks if c.emits and (
+        c.is_decode or c.context_tokens + c.query_tokens >= c.request.prompt_tokens + c.request.generated))
 
 
 def _balance(sequences: Sequence[tuple[int, int]], groups: int) -> list[list[tuple[int, int]]]:

@@ -46,8 +46,12 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "decode_attention": ("serving", ("shared_kv", "per_query_head", "xqa")),
         "kv_cache_memory": ("serving", ("total_fraction", "free_fraction")),
         "tp_all_reduce": ("serving", ("nccl", "trtllm", "vllm", "sglang")),
+        "custom_all_reduce_max_bytes": ("serving", float),
+        "cuda_graph_padding": ("serving", ("none", "vllm-v0")),
+        "api_server_token_overhead_us": ("serving", float),
         "chunked_prefill": ("serving", bool),
         "block_size": ("serving", int),
+        "tp_logits": ("serving", ("shard", "all_gather")),
     },
 }
 

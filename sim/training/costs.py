@@ -310,24 +310,37 @@ class PassCost:
 # the reduce-scatters of the proj / fc2 outputs use "pipeline" (the GEMM in TP_PIPELINE_SPLITS chunks,
 # each chunk's reduce-scatter behind the next chunk's GEMM); the reduce-scatters of the QKV / fc1
 # input gradients use "bulk" (the whole collective beside the weight-gradient GEMM, unsplit).
+# The same defaults place the traffic: "ring_exchange" moves its chunks with the copy engines
+# (use_ce = True, num_sm = 1), so its GEMM keeps every SM; "pipeline" and "bulk" run their
+# communication kernels on num_sm = 16 SMs with set_sm_margin = True, so the GEMM they overlap is
+# launched on the SMs left (sm_count - 16) for its whole length, not only while traffic flows. The
+# model prices that GEMM ``overlap_slowdown`` times slower (COMMUNICATION_SMS = 16 = TE's num_sm).
 TP_PIPELINE_SPLITS = 4
 TP_OVERLAPPED_COLLECTIVES = ("attention_", "mlp_")  # the layer's TP collectives (not the embedding / LM head)
 
 
+def _chunked_gemm_s(op: Op, splits: int, gpu, precision: str, links: Mapping[str, GroupLinks]) -> float:  # type: ignore[no-untyped-def]
+    """``op`` run as ``splits`` GEMMs of m / splits rows each (Transformer Engine's overlap chunks)."""
+    if splits <= 1 or op.m < splits:
+        return costmodel.op_time_s(op, gpu, precision=precision, links=links)
+    chunk = replace(op, m=op.m // splits)
+    return splits * costmodel.op_time_s(chunk, gpu, precision=precision, links=links)
+
+
 def _paired_tp_overlap(
     setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], collective_time
-) -> float:  # type: ignore[no-untyped-def]
-    """Transformer Engine's comm-GEMM overlap, GEMM by GEMM (``TP_PIPELINE_SPLITS`` above): an
-    all-gather hides behind the GEMM that consumes it, a reduce-scatter behind the GEMM that produces
-    it, each GEMM's time hiding at most its own collectives. Split into n chunks, 1/n of the
-    collective has nothing to hide behind; a bulk overlap hides the collective unsplit. Collectives
-    without such a GEMM (all-reduces, the embedding's and LM head's) stay exposed. The efficiency
-    the n chunk GEMMs of m/n rows lose is not priced: the GEMM model's wave quantization makes them
-    1.3-1.6x slower at m/tp = 512 on H100, which the published Megatron-Core rows contradict
-    (issue 11 closing note). Returns the TP seconds hidden."""
+) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Transformer Engine's comm-GEMM overlap, GEMM by GEMM (the methods above): an all-gather
+    hides behind the GEMM that consumes it, a reduce-scatter behind the GEMM that produces it, each
+    GEMM's time hiding at most its own collectives. Split into n chunks, 1/n of the collective has
+    nothing to hide behind; a bulk overlap hides the collective unsplit. Collectives without such a
+    GEMM (all-reduces, the embedding's and LM head's) stay exposed. The paired GEMM itself runs as
+    the overlap runs it: a ring exchange's as tp GEMMs of m/tp rows, a pipeline's as
+    TP_PIPELINE_SPLITS GEMMs of m/splits rows on the SMs the communication kernel leaves, a bulk
+    overlap's whole on those SMs. Returns (TP seconds hidden, extra GEMM seconds)."""
     tp = setup.plan.tp
     gpu, precision = setup.cluster.gpu, setup.job.precision
-    hidden = 0.0
+    hidden = extra = 0.0
     gemm_left: dict[int, float] = {}  # GEMM index -> its time not yet used to hide traffic
     for index, op in enumerate(ops):
         if op.kind != "collective" or op.axis != "tp" or op.collective not in ("all_gather", "reduce_scatter"):
@@ -336,9 +349,9 @@ def _paired_tp_overlap(
             continue
         backward = op.name.endswith("_backward")
         if op.collective == "all_gather":
-            step, splits = 1, tp  # ring exchange
+            step, splits, sm_margin = 1, tp, False  # ring exchange on the copy engines
         else:
-            step, splits = -1, (1 if backward else TP_PIPELINE_SPLITS)  # bulk / pipeline
+            step, splits, sm_margin = -1, (1 if backward else TP_PIPELINE_SPLITS), True  # bulk / pipeline
         j = index + step
         while 0 <= j < len(ops) and ops[j].kind != "gemm":
             if ops[j].kind == "collective" and ops[j].axis == "tp":
@@ -348,12 +361,17 @@ def _paired_tp_overlap(
         if not 0 <= j < len(ops):
             continue
         if j not in gemm_left:
-            gemm_left[j] = costmodel.op_time_s(ops[j], gpu, precision=precision, links=links)
+            whole = costmodel.op_time_s(ops[j], gpu, precision=precision, links=links)
+            overlapped = _chunked_gemm_s(ops[j], splits, gpu, precision, links)
+            if sm_margin:
+                overlapped *= setup.overlap_slowdown
+            gemm_left[j] = overlapped
+            extra += overlapped - whole
         seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
         covered = min(seconds * (splits - 1) / splits if splits > 1 else seconds, gemm_left[j])
         gemm_left[j] -= covered
         hidden += covered
-    return hidden
+    return hidden, extra
 
 
 def price_pass(
@@ -392,7 +410,8 @@ def price_pass(
     ring_slowdown = p2p_overlap_slowdown(setup.overlap_slowdown, gpu.sm_count) - 1.0 if cp_ring else slowdown
     exposed: dict[str, float] = {}
     tp_paired = setup.plan.tp_comm_overlap and setup.plan.tp > 1 and "tp" in comm
-    hidden_tp = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else 0.0
+    hidden_tp, overlapped_gemm_s = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else (0.0, 0.0)
+    compute += overlapped_gemm_s  # the paired GEMMs' chunks and SM margins (their slowdown while hiding TP)
     for axis, seconds in comm.items():
         if axis == "tp" and tp_paired:
             hidden = hidden_tp
@@ -400,7 +419,8 @@ def price_pass(
             hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
             hidden = 0.0
-        compute += hidden * (ring_slowdown if axis == "cp" else slowdown)
+        if not (axis == "tp" and tp_paired):
+            compute += hidden * (ring_slowdown if axis == "cp" else slowdown)
         exposed[axis] = seconds - hidden
     return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)
 

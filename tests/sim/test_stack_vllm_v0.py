@@ -92,3 +92,115 @@ def test_held_out_vllm_0_5_4_throughput_on_h100() -> None:
     assert abs(predicted / published - 1) <= 0.12  # -7.6 % today
     no_host = {**config, "serving": {**config["serving"], "step_overhead_us": 0.0, "request_overhead_us": 0.0}}
     assert simulate(no_host, RunOptions()).metrics()["total_tokens_per_s"] > 1.6 * published  # the GPU alone: +78 %
+
+
+def _cost(gpu: str = "a100-sxm-80gb", model: str = "llama2-70b", tp: int = 8, **serving):  # type: ignore[no-untyped-def]
+    from sim.config import resolve_cluster, resolve_model
+    from sim.serving.run import build_system
+
+    config = {"model": {"name": model}, "cluster": {"gpu": gpu, "num_gpus": tp}}
+    spec = parse_serving({"framework": V0, "tp": tp, **serving})
+    return build_system(spec, resolve_model(config), resolve_cluster(config)).pools[0].cost
+
+
+def test_custom_all_reduce_up_to_8_mib_and_nccl_past_it() -> None:
+    # vLLM 0.5.3 should_custom_ar: inp_size <= max_size (8 MiB); Llama-2-70B's all-reduce is 8,192 x 2 B per
+    # token, so 512 tokens (8 MiB) take the measured vLLM kernel and 513 the measured NCCL all-reduce
+    from hardware.calibration import load_profile, shipped_profile_path
+    from hardware.collectives import COLLECTIVE_LAUNCH_OVERHEAD_S, Collective, collective_time_s
+
+    assert get_stack("serving", V0).settings["custom_all_reduce_max_bytes"] == 8 * 1024 * 1024
+    profile = load_profile(shipped_profile_path("a100-sxm-80gb"))
+    custom, nccl = profile.custom_all_reduce[("vllm", 8)], profile.collectives[("all_reduce", 8)]
+    links = _cost()._links["tp"]
+    at_limit, past = 512 * 8192 * 2, 513 * 8192 * 2
+    assert collective_time_s(Collective.ALL_REDUCE, at_limit, links) == pytest.approx(
+        custom.at(at_limit) + COLLECTIVE_LAUNCH_OVERHEAD_S, rel=1e-12)
+    assert collective_time_s(Collective.ALL_REDUCE, past, links) == pytest.approx(
+        nccl.at(past) + COLLECTIVE_LAUNCH_OVERHEAD_S, rel=1e-12)
+    # a 4,096-token prefill (64 MiB) pays NCCL's 616.5 us, not the custom kernel's 594.2 us measured there
+    assert collective_time_s(Collective.ALL_REDUCE, 2**26, links) == pytest.approx(616.5e-6 + 30e-6, rel=1e-9)
+    unlimited = _cost(custom_all_reduce_max_bytes=0.0)._links["tp"]
+    assert collective_time_s(Collective.ALL_REDUCE, 2**26, unlimited) == pytest.approx(594.19e-6 + 30e-6, rel=1e-9)
+
+
+def test_cuda_graph_batch_sizes_of_vllm_v0() -> None:
+    from sim.serving.stepcost import cuda_graph_batch
+
+    padded = {b: cuda_graph_batch("vllm-v0", b, 1024) for b in (1, 2, 3, 4, 5, 8, 9, 17, 250, 256)}
+    assert padded == {1: 1, 2: 2, 3: 4, 4: 4, 5: 8, 8: 8, 9: 16, 17: 24, 250: 256, 256: 256}
+    assert cuda_graph_batch("vllm-v0", 257, 1024) is None  # past the largest captured graph: eager
+    assert cuda_graph_batch("vllm-v0", 8, 8193) is None  # past max_seq_len_to_capture: eager
+    assert cuda_graph_batch("vllm-v0", 8, 8192) == 8
+    assert cuda_graph_batch("none", 3, 10) is None
+    with pytest.raises(ValueError, match="allowed: none, vllm-v0"):
+        cuda_graph_batch("always", 3, 10)
+
+
+def test_decode_only_steps_run_at_the_padded_batch_and_prefill_steps_do_not() -> None:
+    from sim.serving.plan import Chunk, StepPlan
+    from sim.serving.request import SimRequest
+
+    cost = _cost()
+    requests = [SimRequest(i, 0.0, 100, 10, ()) for i in range(5)]
+    decode = StepPlan(chunks=tuple(Chunk(r, 1, 100, True) for r in requests[:3]))
+    host = 2100e-6 + 3 * 89.5e-6
+    expected = cost.token_time_s(4) + cost.attention_time_s([(1, 101)] * 3) + cost.head_time_s(3) + host
+    assert cost.step_time_s(decode) == pytest.approx(expected, rel=1e-12)
+    assert cost.token_time_s(4) > cost.token_time_s(3)
+    prefill = StepPlan(chunks=tuple(Chunk(r, 3, 0, False) for r in requests[3:4]))
+    assert cost.step_time_s(prefill) == pytest.approx(
+        cost.token_time_s(3) + cost.attention_time_s([(3, 3)]) + cost.head_time_s(1) + 2100e-6 + 89.5e-6, rel=1e-12)
+    eager = _cost(cuda_graph_padding="none")
+    assert eager.step_time_s(decode) == pytest.approx(expected - cost.token_time_s(4) + cost.token_time_s(3), rel=1e-12)
+
+
+def test_bad_cuda_graph_and_all_reduce_limit_values_are_one_line_errors(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from sim.cli import main
+
+    for key, value, allowed in (("cuda_graph_padding", '"always"', "allowed: none, vllm-v0"),
+                                ("custom_all_reduce_max_bytes", "-1", "must be a number >= 0"),
+                                ("api_server", "\"yes\"", "must be true or false")):
+        path = tmp_path / f"{key}.toml"
+        path.write_text('[model]\nname = "llama2-7b"\n[cluster]\ngpu = "a100-sxm-80gb"\nnum_gpus = 1\n'
+                        f'[serving]\nframework = "vllm-0.5"\n{key} = {value}\n'
+                        '[workload]\narrival = "offline"\nnum_requests = 2\nprompt_tokens = 8\noutput_tokens = 2\n')
+        assert main(["simulate", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error:") and key in err and allowed in err and "\n" not in err
+
+
+def test_api_server_cost_per_streamed_token_follows_the_cited_profile() -> None:
+    # the vLLM v0.6.0 blog's profile of the 0.5.3-era server: HTTP API server 33 % vs the engine's host work
+    # 29 %, scaled from the profile's per-sequence host cost
+    profile = get_stack("serving", V0)
+    source = profile.sources["api_server_token_overhead_us"]
+    assert "33 %" in source and "29 %" in source and "PR #6883" in source
+    assert profile.settings["api_server_token_overhead_us"] == pytest.approx(89.5 * 33 / 29, abs=0.05)
+    assert get_stack("serving", "vllm").settings["api_server_token_overhead_us"] == 0.0  # V1: own process
+    assert not parse_serving({"framework": V0}).api_server  # offline unless the config says so
+
+
+def test_api_server_tokens_are_paid_serially_per_streamed_token() -> None:
+    # two requests, 3 output tokens each, through the server: the prefill step streams both first tokens,
+    # each decode step streams two more, 3 steps x 2 tokens x 101.8 us on top of the offline run
+    offline, served = _run(), _run(api_server=True)
+    assert served["pools"][0]["steps"] == offline["pools"][0]["steps"] == [3]
+    assert served["duration_s"] - offline["duration_s"] == pytest.approx(6 * 101.8e-6, rel=1e-9)
+    v1 = {"model": {"name": "llama2-7b"}, "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
+          "workload": {"arrival": "offline", "num_requests": 2, "prompt_tokens": 64, "output_tokens": 3}}
+    assert (simulate({**v1, "serving": {"api_server": True}}, RunOptions()).metrics()["duration_s"]
+            == simulate({**v1, "serving": {}}, RunOptions()).metrics()["duration_s"])  # V1's server runs in its own process
+
+
+def test_a_prefill_chunk_that_does_not_finish_its_prompt_streams_nothing() -> None:
+    from sim.serving.plan import Chunk, StepPlan
+    from sim.serving.request import SimRequest
+    from sim.serving.stepcost import streamed_tokens
+
+    a, b, c = (SimRequest(i, 0.0, 100, 10, ()) for i in range(3))
+    plan = StepPlan(chunks=(Chunk(a, 60, 0, False), Chunk(b, 40, 60, False), Chunk(c, 1, 100, True)))
+    assert streamed_tokens(plan) == 2  # b completes its prompt, c decodes; a is mid-prompt
+    cost, served = _cost(), _cost(api_server=True)
+    assert served.step_time_s(plan) - cost.step_time_s(plan) == pytest.approx(2 * 101.8e-6, rel=1e-9)
+    assert served.host_time_s(plan) - cost.host_time_s(plan) == pytest.approx(2 * 101.8e-6, rel=1e-9)

@@ -5,6 +5,8 @@ all-to-all moving the sequence-parallel shard."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hardware.specs import Tier
@@ -142,11 +144,56 @@ def test_tp_overlap_pairs_each_collective_with_its_gemm() -> None:
     cost = price_pass(setup, [ag, big, small, rs], links)
     c_ag, c_rs = seconds(ag), seconds(rs)
     assert c_ag * 3 / 4 < seconds(big)
-    # pipeline (4 splits): the reduce-scatter can hide only behind the tiny GEMM before it
-    expected = (c_ag - c_ag * 3 / 4) + (c_rs - min(c_rs * 3 / 4, seconds(small)))
+    # pipeline (4 splits): the reduce-scatter can hide only behind the tiny GEMM before it, which
+    # runs as 4 chunks of m/4 rows
+    small_chunked = 4 * seconds(replace(small, m=16))
+    expected = (c_ag - c_ag * 3 / 4) + (c_rs - min(c_rs * 3 / 4, small_chunked))
     assert cost.exposed_comm_s["tp"] == pytest.approx(expected, rel=1e-12)
     # pooled over the pass (the old rule) the big GEMM would have hidden both
     assert cost.exposed_comm_s["tp"] > (c_ag + c_rs) / 4 * 1.5
     # the LM head's all-gather is not a Transformer Engine module's: it stays exposed
     head = Op(name="lm_head_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=64e6)
     assert price_pass(setup, [head, big], links).exposed_comm_s["tp"] == pytest.approx(seconds(head), rel=1e-12)
+
+
+def test_tp_overlap_runs_its_gemms_as_transformer_engine_does() -> None:
+    # TE initialize_ub defaults: a ring exchange's GEMM runs as tp chunks of m/tp rows on every SM (the
+    # copy engines move the chunks); a pipeline's GEMM as 4 chunks of m/4 rows, and a bulk overlap's
+    # GEMM whole, both on the SMs the 16-SM communication kernel leaves (set_sm_margin)
+    from sim.training.costs import price_pass
+    from workloads.graph import Op
+
+    setup = parse_training({
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
+        "training": {"seq_len": 2048, "global_batch": 4},
+        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, "overlap_slowdown": 1.25},
+    })
+    links = group_links(setup, 0)
+    gpu = setup.cluster.gpu
+
+    def seconds(op: Op) -> float:
+        return costmodel.op_time_s(op, gpu, precision="bf16", links=links)
+
+    ag = Op(name="mlp_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=8e6)
+    rs = Op(name="mlp_reduce_scatter", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
+    bulk = Op(name="mlp_all_gather_backward", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
+    up = Op(name="mlp_up", kind="gemm", m=8192, n=6144, k=2048)
+    down = Op(name="mlp_down", kind="gemm", m=8192, n=2048, k=6144)
+    ring = price_pass(setup, [ag, up], links)
+    assert ring.compute_s == pytest.approx(4 * seconds(replace(up, m=2048)), rel=1e-12)
+    assert ring.exposed_comm_s["tp"] == pytest.approx(seconds(ag) / 4, rel=1e-12)
+    pipeline = price_pass(setup, [down, rs], links)
+    assert pipeline.compute_s == pytest.approx(1.25 * 4 * seconds(replace(down, m=2048)), rel=1e-12)
+    whole = price_pass(setup, [up, bulk], links)
+    assert whole.compute_s == pytest.approx(1.25 * seconds(up), rel=1e-12)
+    assert whole.exposed_comm_s["tp"] == 0.0
+    # without overlap the GEMMs run whole on every SM and the collectives block
+    plain = parse_training({
+        "model": {"name": "gpt3-1.7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
+        "training": {"seq_len": 2048, "global_batch": 4},
+        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": False},
+    })
+    blocked = price_pass(plain, [down, rs], links)
+    assert blocked.compute_s == pytest.approx(seconds(down), rel=1e-12)
+    assert blocked.exposed_comm_s["tp"] == pytest.approx(seconds(rs), rel=1e-12)

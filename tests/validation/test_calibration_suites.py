@@ -5,6 +5,8 @@ aiconfigurator custom all-reduce tables."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -38,6 +40,24 @@ def test_tp_all_reduce_view_takes_the_faster_of_the_stack_kernel_and_nccl() -> N
     assert view is profile.for_tp_all_reduce("trtllm")  # one view per framework
     again = load_profile_text(profile)
     assert again.custom_all_reduce[("trtllm", 2)].y == custom.y
+
+
+def test_tp_all_reduce_view_with_a_size_limit_switches_to_nccl_past_it() -> None:
+    # vLLM's should_custom_ar: its kernel for messages of at most max_size bytes, NCCL above, even where
+    # the custom kernel would be faster; NCCL also where the custom kernel is not measured
+    nccl = _curve({10: 10e-6, 20: 40e-6, 26: 400e-6})
+    custom = _curve({12: 3e-6, 20: 20e-6, 26: 300e-6})
+    profile = CalibrationProfile(gpu="a100-sxm-80gb", source="test", collectives={("all_reduce", 8): nccl},
+                                 custom_all_reduce={("vllm", 8): custom})
+    view = profile.for_tp_all_reduce("vllm", 2**20)
+    assert view.collective_s("all_reduce", 8, 2**20) == pytest.approx(20e-6)  # at the limit: the custom kernel
+    # 16 B past it: NCCL, interpolated in (log2 bytes, log seconds) between its 1 MiB and 64 MiB points
+    assert view.collective_s("all_reduce", 8, 2**20 + 16) == pytest.approx(40e-6 * 10 ** (math.log2(1 + 2**-16) / 6))
+    assert view.collective_s("all_reduce", 8, 2**26) == pytest.approx(400e-6)  # NCCL, though custom is 300 us
+    assert view.collective_s("all_reduce", 8, 2**10) == pytest.approx(10e-6)  # custom not measured there: NCCL
+    assert view.collective_s("all_reduce", 8, 2**8) is None  # neither measured: the analytic default
+    assert profile.for_tp_all_reduce("vllm").collective_s("all_reduce", 8, 2**26) == pytest.approx(300e-6)  # no limit
+    assert view is profile.for_tp_all_reduce("vllm", 2**20) and view is not profile.for_tp_all_reduce("vllm")
 
 
 def load_profile_text(profile: CalibrationProfile) -> CalibrationProfile:
@@ -102,22 +122,22 @@ def test_shipped_profiles_do_not_make_the_serving_suite_worse() -> None:
 
 
 def test_shipped_profiles_and_the_nanoflow_suite() -> None:
-    """NanoFlow's baselines: NOT yet no-worse with the shipped profiles. The TensorRT-LLM rows move by
-    under 1.5 points; the vLLM 0.5.3 rows are over-predicted on both (13-19 % analytic, 18-25 % shipped),
-    and vLLM's measured custom all-reduce (faster than the analytic NCCL model) widens that: MAPE
-    8.2 % analytic vs 11.2 % shipped (11.3 vs 14.6 % before the A100's sustained clock), pinned here
-    within 3.2 points so it cannot grow unnoticed."""
+    """NanoFlow's baselines: no worse with the shipped profiles (MAPE 3.1 % shipped vs 3.5 % analytic,
+    worst row 5.1 % vs 8.9 %; before the vLLM 0.5.3 API-server cost it was 11.2 % vs 8.2 %). The
+    TensorRT-LLM rows move by under 1.5 points; the vLLM rows are faster with vLLM's measured custom
+    all-reduce (75 us per 4 MiB all-reduce on 8 A100 against the analytic NCCL model's 113 us, both with
+    the 30 us per call), by 3-4 points."""
     from validation.serving_suite import run_serving_nanoflow_suite
 
     on, off = run_serving_nanoflow_suite(), run_serving_nanoflow_suite(calibration="none")
     metric = "total_tokens_per_s_per_gpu"
-    assert on.mape(metric) <= off.mape(metric) + 0.032
+    assert on.mape(metric) <= off.mape(metric) and on.worst(metric) <= off.worst(metric)
     for a, b in zip(on.comparisons, off.comparisons):
         assert a.row == b.row
         if " trtllm " in a.row:
             assert abs(a.error - b.error) <= 0.015, a.row
         else:
-            assert 0 < b.error < a.error, a.row  # over-predicted on both, more with the faster all-reduce
+            assert 0.02 < a.error - b.error < 0.05, a.row  # the faster all-reduce
 
 
 def test_shipped_profiles_and_the_training_suites() -> None:

@@ -147,13 +147,13 @@ def test_trtllm_bench_engine_settings_follow_its_build_heuristic() -> None:
 
 def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
     # TensorRT-LLM 0.14 trtllm-bench rows through the user path: the issue's 10 % target is not met
-    # (12.1 %, worst 22.8 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is
+    # (12.0 %, worst 22.7 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is
     # reproduced; the shipped profile does not make the suite worse than the analytic defaults (issue 9)
     from validation.serving_suite import INFLIGHT_THRESHOLDS, run_serving_inflight_suite
 
     report = run_serving_inflight_suite()
     assert not report.failures(), report.failures()
-    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.125 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.235
+    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.121 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.228
     (cliff,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp2 1000/1000"]
     assert abs(cliff.error) <= 0.12
     (four,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp4 1000/1000"]
@@ -165,9 +165,9 @@ def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
 
 def test_nanoflow_baselines() -> None:
     # NanoFlow's TensorRT-LLM v0.8 and vLLM v0.5.3 baselines (LLaMA-2-70B TP8, 8 x A100, offline) through
-    # the user path. TensorRT-LLM rows are within the issue's 20 % (-1.4 to +1.0 % today); vLLM rows, on the
-    # "vllm-0.5" V0 stack, are over-predicted by 18-25 % (22-30 % before the A100's sustained clock, 59-67 % on
-    # the V1 profile): bounds near today's errors
+    # the user path. TensorRT-LLM rows -1.4 to +1.0 % today; vLLM rows, on the "vllm-0.5" V0 stack through
+    # its in-process OpenAI server (NanoFlow ran benchmark_serving.py), -5.1 to +5.0 % (+18 to +25 % without
+    # the server's per-token cost, 59-67 % on the V1 profile): bounds near today's errors
     from validation.serving_suite import run_serving_nanoflow_suite
 
     report = run_serving_nanoflow_suite()
@@ -178,7 +178,8 @@ def test_nanoflow_baselines() -> None:
     vllm = [e for r, e in rows.items() if " vllm-0.5 " in r]
     assert len(trtllm) == len(vllm) == 3
     assert all(abs(e) <= 0.025 for e in trtllm)
-    assert all(0.15 <= e <= 0.26 for e in vllm)
+    assert all(abs(e) <= 0.06 for e in vllm)
+    assert report.mape("total_tokens_per_s_per_gpu") <= 0.035
 
 
 def test_validate_runs_one_suite_alone_from_the_cli(capsys) -> None:  # type: ignore[no-untyped-def]
