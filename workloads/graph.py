@@ -441,8 +441,16 @@ def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tupl
     """(B, W) ops of a forward op list, in backward order; ``recompute`` forward ops run first in B."""
     b_ops: list[Op] = [replace(op, name=f"recompute_{op.name}", recompute=True) for op in recompute]
     w_ops: list[Op] = []
-    for op in reversed(forward):
+    for index in range(len(forward) - 1, -1, -1):
+        op = forward[index]
         if op.kind == "gemm":
+            before = forward[index - 1] if index > 0 else None
+            if op.weight and before is not None and before.kind == "collective" and before.collective == "all_gather" \
+                    and before.axis == "tp":
+                # sequence parallel keeps the GEMM's input sharded: the weight gradient needs it whole, so
+                # backward gathers it again beside the input-gradient GEMM (Megatron
+                # LinearWithGradAccumulationAndAsyncCommunication, TE LayerNormLinear backward)
+                b_ops.append(replace(before, name=f"{before.name}_regather"))
             b_ops.append(replace(op, name=f"{op.name}_dgrad", m=op.m, n=op.k, k=op.n))
             # dW = X^T dY multiplies two activations; without a weight it is the other input's gradient
             grad = replace(op, name=f"{op.name}_wgrad", m=op.k, n=op.n, k=op.m, weight_bytes_per_element=op.bytes_per_element)

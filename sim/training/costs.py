@@ -316,6 +316,11 @@ class PassCost:
 # launched on the SMs left (sm_count - 16) for its whole length, not only while traffic flows. The
 # model prices that GEMM ``overlap_slowdown`` times slower (COMMUNICATION_SMS = 16 = TE's num_sm).
 TP_PIPELINE_SPLITS = 4
+# sequence parallel: backward all-gathers a TP GEMM's sharded input again for its weight gradient
+# (workloads.graph.backward_ops), launched before the input-gradient GEMM and overlapping it: async
+# NCCL in Megatron-LM (LinearWithGradAccumulationAndAsyncCommunication.backward) and in Transformer
+# Engine without userbuffers, TE's "bulk" qkv_dgrad / fc1_dgrad overlap with them
+REGATHER_SUFFIX = "_regather"
 TP_OVERLAPPED_COLLECTIVES = ("attention_", "mlp_")  # the layer's TP collectives (not the embedding / LM head)
 
 
@@ -330,10 +335,14 @@ def _chunked_gemm_s(op: Op, splits: int, gpu, precision: str, links: Mapping[str
 def _paired_tp_overlap(
     setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], collective_time
 ) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Transformer Engine's comm-GEMM overlap, GEMM by GEMM (the methods above): an all-gather
-    hides behind the GEMM that consumes it, a reduce-scatter behind the GEMM that produces it, each
-    GEMM's time hiding at most its own collectives. Split into n chunks, 1/n of the collective has
-    nothing to hide behind; a bulk overlap hides the collective unsplit. Collectives without such a
+    """Transformer Engine's comm-GEMM overlap, GEMM by GEMM (the methods above; the loops of
+    CommOverlapP2PBase::split_overlap_ag and CommOverlapBase::split_overlap_rs in
+    transformer_engine/common/comm_gemm_overlap/comm_gemm_overlap.cpp): an all-gather hides behind
+    the GEMM that consumes it, the first tp-1 of its tp chunk GEMMs covering the tp-1 transfers (the
+    local chunk's GEMM starts at once); a pipelined reduce-scatter hides behind the GEMM that
+    produces it, chunk i's reduce-scatter beside chunk i+1's GEMM, the last chunk's exposed; a bulk
+    overlap hides the collective unsplit beside the whole GEMM. Each GEMM's time hides at most its
+    own collectives. Collectives without such a
     GEMM (all-reduces, the embedding's and LM head's) stay exposed. The paired GEMM itself runs as
     the overlap runs it: a ring exchange's as tp GEMMs of m/tp rows, a pipeline's as
     TP_PIPELINE_SPLITS GEMMs of m/splits rows on the SMs the communication kernel leaves, a bulk
@@ -341,14 +350,16 @@ def _paired_tp_overlap(
     tp = setup.plan.tp
     gpu, precision = setup.cluster.gpu, setup.job.precision
     hidden = extra = 0.0
-    gemm_left: dict[int, float] = {}  # GEMM index -> its time not yet used to hide traffic
+    gemm_left: dict[int | tuple[str, int], float] = {}  # GEMM -> its time not yet used to hide traffic
     for index, op in enumerate(ops):
         if op.kind != "collective" or op.axis != "tp" or op.collective not in ("all_gather", "reduce_scatter"):
             continue
         if not op.name.removeprefix("recompute_").startswith(TP_OVERLAPPED_COLLECTIVES):
             continue
         backward = op.name.endswith("_backward")
-        if op.collective == "all_gather":
+        if op.name.endswith(REGATHER_SUFFIX):
+            step, splits, sm_margin = 1, 1, True  # bulk beside the input-gradient GEMM
+        elif op.collective == "all_gather":
             step, splits, sm_margin = 1, tp, False  # ring exchange on the copy engines
         else:
             step, splits, sm_margin = -1, (1 if backward else TP_PIPELINE_SPLITS), True  # bulk / pipeline
@@ -360,18 +371,56 @@ def _paired_tp_overlap(
             j += step
         if not 0 <= j < len(ops):
             continue
-        if j not in gemm_left:
-            whole = costmodel.op_time_s(ops[j], gpu, precision=precision, links=links)
-            overlapped = _chunked_gemm_s(ops[j], splits, gpu, precision, links)
+        gemm = ops[j]
+        key: int | tuple[str, int] = j
+        if backward and op.collective == "reduce_scatter" and gemm.name.endswith("_dgrad"):
+            # TE's qkv_wgrad / fc1_wgrad bulk overlap: the input gradient's reduce-scatter runs beside
+            # the weight-gradient GEMM of the same linear (dW = X^T dY: m, n, k = dgrad's n, k, m),
+            # while the re-gather of its input (REGATHER_SUFFIX) runs beside the dgrad GEMM
+            gemm, key = replace(gemm, name=gemm.name.removesuffix("_dgrad") + "_wgrad", m=gemm.n, n=gemm.k, k=gemm.m), ("w", j)
+        if key not in gemm_left:
+            whole = costmodel.op_time_s(gemm, gpu, precision=precision, links=links)
+            overlapped = _chunked_gemm_s(gemm, splits, gpu, precision, links)
             if sm_margin:
                 overlapped *= setup.overlap_slowdown
-            gemm_left[j] = overlapped
+            gemm_left[key] = overlapped
             extra += overlapped - whole
         seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
-        covered = min(seconds * (splits - 1) / splits if splits > 1 else seconds, gemm_left[j])
-        gemm_left[j] -= covered
+        if op.collective == "all_gather" and splits > 1:
+            # split_overlap_ag: chunk i's GEMM (the local chunk first) runs while chunk i+1 arrives, so
+            # the tp-1 transfers hide behind the first tp-1 chunk GEMMs
+            covered = min(seconds, gemm_left[key] * (splits - 1) / splits)
+        elif splits > 1:
+            # split_overlap_rs: chunk i's reduce-scatter runs beside chunk i+1's GEMM; the last is exposed
+            covered = min(seconds * (splits - 1) / splits, gemm_left[key] * (splits - 1) / splits)
+        else:
+            covered = min(seconds, gemm_left[key])  # bulk: beside the whole GEMM
+        gemm_left[key] -= covered
         hidden += covered
     return hidden, extra
+
+
+def _async_regathers_hidden_s(
+    setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], collective_time, *, paired: bool
+) -> float:  # type: ignore[no-untyped-def]
+    """Seconds of the sequence-parallel re-gathers (``REGATHER_SUFFIX``) that the userbuffer overlap
+    does not take (all of them without it, the LM head's with it) hidden behind the input-gradient
+    GEMM after each, as an async NCCL all-gather runs; the excess stays exposed."""
+    gpu, precision = setup.cluster.gpu, setup.job.precision
+    hidden = 0.0
+    for index, op in enumerate(ops):
+        if op.kind != "collective" or not op.name.endswith(REGATHER_SUFFIX):
+            continue
+        if paired and op.name.removeprefix("recompute_").startswith(TP_OVERLAPPED_COLLECTIVES):
+            continue  # a userbuffer bulk overlap (_paired_tp_overlap)
+        j = index + 1
+        while j < len(ops) and ops[j].kind != "gemm":
+            j += 1
+        if j == len(ops):
+            continue
+        seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
+        hidden += min(seconds, costmodel.op_time_s(ops[j], gpu, precision=precision, links=links))
+    return hidden
 
 
 def price_pass(
@@ -412,14 +461,18 @@ def price_pass(
     tp_paired = setup.plan.tp_comm_overlap and setup.plan.tp > 1 and "tp" in comm
     hidden_tp, overlapped_gemm_s = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else (0.0, 0.0)
     compute += overlapped_gemm_s  # the paired GEMMs' chunks and SM margins (their slowdown while hiding TP)
+    regathered = _async_regathers_hidden_s(setup, ops, links, collective_time, paired=tp_paired)
+    compute += regathered * slowdown  # NCCL's SMs while the async gathers run beside their GEMM
     for axis, seconds in comm.items():
         if axis == "tp" and tp_paired:
-            hidden = hidden_tp
+            hidden = hidden_tp + regathered
+        elif axis == "tp":
+            hidden = regathered
         elif axis == "cp":
             hidden = min(cp_ring, attention)  # ring passes overlap attention; an all-gather blocks
         else:
             hidden = 0.0
-        if not (axis == "tp" and tp_paired):
+        if axis != "tp":
             compute += hidden * (ring_slowdown if axis == "cp" else slowdown)
         exposed[axis] = seconds - hidden
     return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)

@@ -140,14 +140,15 @@ def test_tp_overlap_pairs_each_collective_with_its_gemm() -> None:
     rs = Op(name="attention_reduce_scatter", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=64e6)
     big = Op(name="qkv_proj", kind="gemm", m=8192, n=6144, k=2048)
     small = Op(name="out_proj", kind="gemm", m=64, n=64, k=64)
-    # ring exchange: the all-gather hides behind the GEMM after it, but for 1/tp
+    # ring exchange: the all-gather hides behind the first tp-1 of the GEMM's tp chunks after it
     cost = price_pass(setup, [ag, big, small, rs], links)
     c_ag, c_rs = seconds(ag), seconds(rs)
-    assert c_ag * 3 / 4 < seconds(big)
+    big_chunked = 4 * seconds(replace(big, m=2048))
+    assert c_ag < big_chunked * 3 / 4
     # pipeline (4 splits): the reduce-scatter can hide only behind the tiny GEMM before it, which
-    # runs as 4 chunks of m/4 rows
+    # runs as 4 chunks of m/4 rows, chunk i's reduce-scatter beside chunk i+1's GEMM
     small_chunked = 4 * seconds(replace(small, m=16))
-    expected = (c_ag - c_ag * 3 / 4) + (c_rs - min(c_rs * 3 / 4, small_chunked))
+    expected = 0.0 + (c_rs - min(c_rs * 3 / 4, small_chunked * 3 / 4))
     assert cost.exposed_comm_s["tp"] == pytest.approx(expected, rel=1e-12)
     # pooled over the pass (the old rule) the big GEMM would have hidden both
     assert cost.exposed_comm_s["tp"] > (c_ag + c_rs) / 4 * 1.5
@@ -182,7 +183,11 @@ def test_tp_overlap_runs_its_gemms_as_transformer_engine_does() -> None:
     down = Op(name="mlp_down", kind="gemm", m=8192, n=2048, k=6144)
     ring = price_pass(setup, [ag, up], links)
     assert ring.compute_s == pytest.approx(4 * seconds(replace(up, m=2048)), rel=1e-12)
-    assert ring.exposed_comm_s["tp"] == pytest.approx(seconds(ag) / 4, rel=1e-12)
+    assert ring.exposed_comm_s["tp"] == 0.0  # the local chunk's GEMM starts at once
+    # a GEMM too short for the transfers leaves the excess exposed
+    short = replace(up, m=256, n=256, k=256)
+    assert price_pass(setup, [ag, short], links).exposed_comm_s["tp"] == pytest.approx(
+        seconds(ag) - 4 * seconds(replace(short, m=64)) * 3 / 4, rel=1e-12)
     pipeline = price_pass(setup, [down, rs], links)
     assert pipeline.compute_s == pytest.approx(1.25 * 4 * seconds(replace(down, m=2048)), rel=1e-12)
     whole = price_pass(setup, [up, bulk], links)
@@ -197,3 +202,42 @@ def test_tp_overlap_runs_its_gemms_as_transformer_engine_does() -> None:
     blocked = price_pass(plain, [down, rs], links)
     assert blocked.compute_s == pytest.approx(seconds(down), rel=1e-12)
     assert blocked.exposed_comm_s["tp"] == pytest.approx(seconds(rs), rel=1e-12)
+
+
+def test_sequence_parallel_regather_hides_behind_its_input_gradient_gemm() -> None:
+    # without userbuffers the re-gather is an async NCCL all-gather beside the dgrad GEMM (its SMs
+    # slow the GEMM meanwhile); with them TE's bulk overlap runs the GEMM on the SMs left, and the
+    # input gradient's reduce-scatter runs beside the weight-gradient GEMM, not the dgrad GEMM
+    from sim.training.costs import price_pass
+    from workloads.graph import Op
+
+    def setup_with(overlap: bool):  # type: ignore[no-untyped-def]
+        return parse_training({
+            "model": {"name": "gpt3-1.7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
+            "training": {"seq_len": 2048, "global_batch": 4},
+            "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": overlap, "overlap_slowdown": 1.25},
+        })
+
+    plain, ub = setup_with(False), setup_with(True)
+    links = group_links(plain, 0)
+    gpu = plain.cluster.gpu
+
+    def seconds(op: Op) -> float:
+        return costmodel.op_time_s(op, gpu, precision="bf16", links=links)
+
+    regather = Op(name="mlp_all_gather_regather", kind="collective", collective="all_gather", axis="tp", message_bytes=8e6)
+    rs = Op(name="mlp_all_gather_backward", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
+    dgrad = Op(name="mlp_up_dgrad", kind="gemm", m=8192, n=2048, k=6144)
+    tiny = Op(name="mlp_up_dgrad", kind="gemm", m=64, n=64, k=64)
+    c = seconds(regather)
+    assert c < seconds(dgrad)
+    hidden = price_pass(plain, [regather, dgrad], links)
+    assert hidden.exposed_comm_s["tp"] == 0.0
+    assert hidden.compute_s == pytest.approx(seconds(dgrad) + 0.25 * c, rel=1e-12)
+    short = price_pass(plain, [regather, tiny], links)
+    assert short.exposed_comm_s["tp"] == pytest.approx(c - seconds(tiny), rel=1e-12)
+    # userbuffers: dgrad hides the re-gather, the weight-gradient GEMM (same FLOPs) the reduce-scatter
+    both = price_pass(ub, [regather, dgrad, rs], links)
+    wgrad = replace(dgrad, name="mlp_up_wgrad", m=dgrad.n, n=dgrad.k, k=dgrad.m)
+    assert both.exposed_comm_s["tp"] == 0.0
+    assert both.compute_s == pytest.approx(1.25 * seconds(dgrad) + 0.25 * seconds(wgrad), rel=1e-12)

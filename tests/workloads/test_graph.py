@@ -55,6 +55,25 @@ def test_sequence_parallel_swaps_all_reduce_for_gather_and_scatter() -> None:
     assert not [op for op in layer_forward_ops(model, sharding=Sharding(tp=1), **kwargs) if op.kind == "collective"]
 
 
+def test_sequence_parallel_backward_gathers_the_weight_gradient_input_again() -> None:
+    # the forward all-gathers (QKV and fc1 inputs) are stored sharded: backward gathers each again
+    # right before the input-gradient GEMM that it overlaps, for the weight gradient
+    model = get_model("llama3-8b")
+    kwargs = dict(tokens=4096, sequences=[(4096, 4096)], moe=False, bytes_per_element=2)
+    forward = layer_forward_ops(model, sharding=Sharding(tp=4, sequence_parallel=True), **kwargs)
+    b_ops, _ = backward_ops(forward)
+    names = [op.name for op in b_ops]
+    regathers = [op for op in b_ops if op.name.endswith("_regather")]
+    assert [op.name for op in regathers] == ["mlp_all_gather_regather", "attention_all_gather_regather"]
+    for op in regathers:
+        gathered = next(f for f in forward if f.name == op.name.removesuffix("_regather"))
+        assert op.collective == "all_gather" and op.message_bytes == gathered.message_bytes
+    assert names[names.index("mlp_all_gather_regather") + 1] == "mlp_up_dgrad"
+    assert names[names.index("attention_all_gather_regather") + 1] == "qkv_proj_dgrad"
+    plain, _ = backward_ops(layer_forward_ops(model, sharding=Sharding(tp=4), **kwargs))
+    assert not [op for op in plain if op.name.endswith("_regather")]
+
+
 def test_moe_layer_routes_top_k_and_dispatches_over_ep() -> None:
     model = get_model("mixtral-8x7b")
     ops = layer_forward_ops(model, tokens=4096, sequences=[(4096, 4096)], sharding=Sharding(ep=8), moe=True, bytes_per_element=2)
