@@ -602,13 +602,13 @@ def _ops_in_order(ops: np.ndarray, m: int, v: int, split_backward: bool) -> bool
     if n != 3 * m * v:
         return False
     kind, mb, chunk = ops[:, :, 0], ops[:, :, 1], ops[:, :, 2]
-    if not ((mb >= 0) & (mb < m) & (chunk >= 0) & (chunk < v)).all():
+    if not ((kind >= 0) & (kind <= W_CODE) & (mb >= 0) & (mb < m) & (chunk >= 0) & (chunk < v)).all():
         return False
-    ids = (kind * m + mb) * v + chunk  # F ids, then B ids, then W ids
-    if not (np.sort(ids, axis=1) == np.arange(n)).all():
-        return False
-    position = np.empty((pp, n), dtype=np.int64)
+    ids = (kind * m + mb) * v + chunk  # F ids, then B ids, then W ids: each in 0..n-1
+    position = np.full((pp, n), -1, dtype=np.int64)
     position[np.arange(pp)[:, None], ids] = np.arange(n)
+    if (position < 0).any():  # n ids of a stage in n places: one is missing iff one repeats
+        return False
     f, b, w = position[:, : m * v], position[:, m * v : 2 * m * v], position[:, 2 * m * v :]
     return bool((f < b).all() and (b < w).all() and (split_backward or (w == b + 1).all()))
 
