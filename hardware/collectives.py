@@ -25,6 +25,8 @@ sent for send/recv (the nccl-tests convention, so bus bandwidth = bus_factor x S
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -151,6 +153,11 @@ class GroupLinks:
     nvls_efficiency: float = 1.0  # NVLS all-reduce algorithm bandwidth / intra link rate
     intra_fabric: str = "nvswitch"  # selects NCCL's PCI or NVLink per-step latencies
     launch_overhead_s: float = COLLECTIVE_LAUNCH_OVERHEAD_S
+    # A serving stack's own all-reduce kernel launched inside its engine (TensorRT-LLM's AllReduce plugin):
+    # all-reduces of at most ``kernel_all_reduce_max_bytes`` pay ``kernel_launch_s`` (one kernel launch)
+    # per call instead of ``launch_overhead_s`` (0: every call pays the latter)
+    kernel_all_reduce_max_bytes: float = 0.0
+    kernel_launch_s: float = 0.0
     # The GPU's calibration profile (``hardware.calibration``) when the group lies inside one node;
     # its measured curve for (collective, size) replaces the model's kernel time in coverage.
     calibration: Any = None
@@ -407,6 +414,8 @@ def collective_time_s(
     kind = _check(kind, message_bytes, links)
     if links.size <= 1 or message_bytes <= 0:
         return 0.0
+    if kind == Collective.ALL_REDUCE and message_bytes <= links.kernel_all_reduce_max_bytes:
+        links = dataclasses.replace(links, launch_overhead_s=links.kernel_launch_s)
     if algorithm is None:
         measured_s = calibrated_collective_s(kind, message_bytes, links)
         if measured_s is not None:

@@ -257,27 +257,31 @@ def roofline_exclusion(row: Row) -> str:
 
 
 # TensorRT-LLM 0.14 in-flight rows (published-serving.md): the issue's target is throughput MAPE <= 10 %
-# with no row worse than 25 %; the model reaches 12.0 % / 22.7 %, every row but one over-predicted
+# with no row worse than 25 %; the model reaches 13.6 % / 23.0 %, every row but one over-predicted
 # (see the notes), so these bounds only stop regressions.
-INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.121, max_row_error=0.228),)
+INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.137, max_row_error=0.231),)
 INFLIGHT_NOTES = (
     "engines as trtllm-bench built and ran them: max batch size and max tokens per step from `trtllm-bench "
     "build --dataset`'s heuristic (e.g. 70B TP8 1000/1000: 896 sequences, 2,048 tokens), context chunking on, "
     "GUARANTEED_NO_EVICT over 64-token KV blocks, KV cache 0.9 of the memory the engine leaves (scheduler "
-    "'inflight'); this reproduces the TP2 70B cliff (785 published, 838 predicted)",
+    "'inflight'); this reproduces the TP2 70B cliff (785 published, 918 predicted)",
     "1,000 requests simulated per row to keep the suite fast; the benchmark queued 1,500-30,000 "
     "(perf-overview's num_requests table), which raises the predictions by up to 6.5 % (70B TP8 1000/1000: "
     "903 -> 962 tok/s/GPU) and the suite to MAPE 15.4 %, worst +28.8 %",
     "the 'trtllm' stack gathers the vocab-parallel logits onto every rank before sampling (tp_logits = "
     "'all_gather': TensorRT-LLM's LM head is ColumnLinear(gather_output=True)), 0.1-1.2 % slower on the TP rows",
-    "every row but one is over-predicted (signed +11.0 %), compute-heavy and TP8 rows most: not modelled are "
-    "the H100's sustained clock under the 700 W limit (GEMM tables were measured between idle gaps) and the "
-    "0.14 executor's per-iteration host work (no CUDA graphs, no overlap of scheduling with the GPU), whose "
-    "size has no public source",
-    "every tensor-parallel collective also pays hardware.collectives' 30 us per call (host enqueue and sync "
-    "as a framework sees NCCL), on top of the measured TensorRT-LLM all-reduce, a CUDA-graph kernel time "
-    "(3 us at small sizes); at a kernel launch's 4 us instead the suite reads 15.1 % / 29.5 %, so that "
-    "constant stands in for per-step cost at TP > 1 that the model lacks",
+    "TensorRT-LLM's AllReduce plugin runs its own kernel within its workspace (16 MB at TP 2, 8 MB above; NCCL "
+    "past it) and launches it inside the engine: one kernel launch (4 us) per call, not the 30 us a framework's "
+    "NCCL call pays (custom_all_reduce_launch = 'kernel'). Held-out: the 0.14 perf-overview's online table "
+    "(70B TP4 at 2 and 4 requests/s) has inter-token latencies of 21 and 24 ms, predicted 20.7 and 22.5 ms (25.2 and 27.1 ms with 30 us per call; tests/validation/test_trtllm_014_online.py). "
+    "On these offline rows it makes the TP rows faster still (12.0 -> 13.6 %, TP2 1000/1000 +6.5 -> +16.9 %): "
+    "the 30 us had stood in for a cost that grows with the batch, not with the number of collectives",
+    "every row but one is over-predicted (signed +12.5 %), compute-heavy and large-batch rows most: not modelled "
+    "are the H100's sustained clock under the 700 W limit (GEMM tables were measured between idle gaps; the "
+    "compute-bound TP1 rows 2048/128 and 5000/500 need GEMMs ~15 % slower) and the 0.14 executor's "
+    "per-iteration host work per sequence (no CUDA graphs in trtllm-bench throughput, no overlap of "
+    "scheduling with the GPU; the decode-bound TP1 rows would need ~9 us per sequence per step), whose size "
+    "has no public source",
 )
 
 
@@ -301,10 +305,11 @@ def run_serving_inflight_suite(calibration: str | None = None) -> SuiteReport:
 
 
 # NanoFlow's baselines (published-serving.md): the issue's target is within 20 % per row. The
-# TensorRT-LLM v0.8 rows are -1.4..+1.0 %; the vLLM v0.5.3 rows, on the "vllm-0.5" (V0) stack through its
+# TensorRT-LLM v0.8 rows are +3.0..+4.1 % (-1.4..+1.0 % before its all-reduce plugin paid one kernel
+# launch per call instead of NCCL's 30 us); the vLLM v0.5.3 rows, on the "vllm-0.5" (V0) stack through its
 # in-process OpenAI server, -5.1..+5.0 % with the shipped calibration profiles and -8.9..+1.2 % without
-# (NANOFLOW_NOTES): bounds near today's errors (MAPE 3.1 %, worst 5.1 %).
-NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.04, max_row_error=0.065),)
+# (NANOFLOW_NOTES): bounds near today's errors (MAPE 4.3 %, worst 5.1 %).
+NANOFLOW_THRESHOLDS = (Threshold(metric="total_tokens_per_s_per_gpu", max_mape=0.044, max_row_error=0.065),)
 NANOFLOW_NOTES = (
     "NanoFlow's throughput counts input + output tokens (its 'optimal' 1,857 tokens/s/GPU is one compute "
     "roofline, 312 TFLOP/s / 2 x 69 B parameters x 0.82, for all three workloads; output tokens alone would "

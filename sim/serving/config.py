@@ -31,7 +31,7 @@ SERVING_KEYS = (
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
     "max_model_len", "disaggregated", "speculative", "framework", "decode_attention", "kv_cache_memory",
     "tp_all_reduce", "custom_all_reduce_max_bytes", "cuda_graph_padding", "tp_logits", "api_server_token_overhead_us",
-    "api_server",
+    "api_server", "custom_all_reduce_launch",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -107,6 +107,9 @@ class ServingSpec:
     # shard, no exchange) | "all_gather" (TensorRT-LLM: gathered onto every rank, each rank's decoder
     # samples the full vocabulary; see sim.serving.stepcost)
     tp_logits: str = "shard"
+    # per-call host cost of the stack's own all-reduce kernel: "collective" (as a framework's NCCL call,
+    # hardware.collectives.COLLECTIVE_LAUNCH_OVERHEAD_S) | "kernel" (one kernel launch inside the engine)
+    custom_all_reduce_launch: str = "collective"
     # largest all-reduce (bytes) the stack's own kernel takes, NCCL above; 0: the faster of both per size
     custom_all_reduce_max_bytes: float = 0.0
     # decode-only steps replayed as CUDA graphs captured at fixed batch sizes: "none" | "vllm-v0"
@@ -178,6 +181,7 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         kv_cache_memory=settings["kv_cache_memory"],
         tp_all_reduce=settings["tp_all_reduce"],
         tp_logits=settings["tp_logits"],
+        custom_all_reduce_launch=settings["custom_all_reduce_launch"],
         custom_all_reduce_max_bytes=settings["custom_all_reduce_max_bytes"],
         cuda_graph_padding=settings["cuda_graph_padding"],
         api_server_token_overhead_s=settings["api_server_token_overhead_us"] * us,

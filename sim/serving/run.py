@@ -159,6 +159,7 @@ def build_system(
             decode_attention=decode_attention_kernel(spec.decode_attention, shape.model, shape.tp),
             tp_all_reduce=spec.tp_all_reduce, custom_all_reduce_max_bytes=spec.custom_all_reduce_max_bytes,
             cuda_graph_padding=spec.cuda_graph_padding, tp_logits=spec.tp_logits,
+            custom_all_reduce_launch=spec.custom_all_reduce_launch,
             api_server_token_overhead_s=spec.api_server_token_overhead_s if spec.api_server else 0.0,
         )
         pools.append(Pool(role=role, shape=shape, memory=memory, cost=cost))

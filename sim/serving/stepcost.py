@@ -59,6 +59,20 @@ def decode_attention_kernel(rule: str, model: ModelSpec, tp: int) -> str:
 # gather_output=True: the 16-bit logits of the sampled positions, vocabulary padded to a multiple of tp,
 # are all-gathered onto every rank, and each rank's decoder samples the full vocabulary).
 TP_LOGITS = ("shard", "all_gather")
+
+# Per-call host cost of a stack's own all-reduce kernel: "collective" (what a framework pays per NCCL call,
+# hardware.collectives.COLLECTIVE_LAUNCH_OVERHEAD_S) or "kernel" (one kernel launch, the GPU's launch
+# overhead: TensorRT-LLM's AllReduce plugin enqueues its one-shot / two-shot kernel inside the engine's
+# enqueue, with no host synchronisation).
+CUSTOM_ALL_REDUCE_LAUNCHES = ("collective", "kernel")
+
+
+def trtllm_all_reduce_workspace_bytes(ranks: int) -> float:
+    """The largest all-reduce TensorRT-LLM's AllReduce plugin runs with its own kernel under
+    AllReduceStrategy AUTO: its workspace, 16,000,000 B for up to 2 ranks and 8,000,000 B above
+    (cpp/tensorrt_llm/common/customAllReduceUtils.h getMaxRequiredWorkspaceSize, the 0.9-0.14 versions);
+    larger messages run NCCL (cpp/tensorrt_llm/plugins/ncclPlugin/allreducePlugin.cpp selectImplementation)."""
+    return 16e6 if ranks <= 2 else 8e6
 # CUDA-graph rules of serving stacks: how a decode-only step's batch is padded to the batch sizes the
 # stack captured graphs at ("none": no padding). "vllm-v0": vLLM 0.5.x ModelRunner (vllm/worker/
 # model_runner.py, v0.5.3): a decode-only step of at most 256 sequences (_BATCH_SIZES_TO_CAPTURE =
@@ -152,6 +166,7 @@ class StepCostModel:
         cuda_graph_padding: str = "none",
         api_server_token_overhead_s: float = 0.0,
         tp_logits: str = "shard",
+        custom_all_reduce_launch: str = "collective",
     ) -> None:
         if decode_attention not in DECODE_ATTENTION_KERNELS:
             raise ValueError(f"decode_attention = {decode_attention!r}; allowed: {', '.join(DECODE_ATTENTION_KERNELS)}")
@@ -159,6 +174,9 @@ class StepCostModel:
         if tp_logits not in TP_LOGITS:
             raise ValueError(f"tp_logits = {tp_logits!r}; allowed: {', '.join(TP_LOGITS)}")
         self.tp_logits = tp_logits
+        if custom_all_reduce_launch not in CUSTOM_ALL_REDUCE_LAUNCHES:
+            raise ValueError(f"custom_all_reduce_launch = {custom_all_reduce_launch!r}; "
+                             f"allowed: {', '.join(CUSTOM_ALL_REDUCE_LAUNCHES)}")
         self.decode_attention = decode_attention
         self.cuda_graph_padding = cuda_graph_padding
         # host time per token streamed through an API server that shares the engine's process (0: none,
@@ -183,11 +201,19 @@ class StepCostModel:
         ranks = list(range(shape.first_rank, shape.first_rank + shape.tp))
         self._links = {"tp": cluster.group_links(ranks)}
         tp_calibration = self._links["tp"].calibration
+        custom_max_bytes = custom_all_reduce_max_bytes
+        if tp_all_reduce == "trtllm" and custom_max_bytes == 0:
+            custom_max_bytes = trtllm_all_reduce_workspace_bytes(shape.tp)
+        if tp_all_reduce != "nccl" and custom_all_reduce_launch == "kernel" and custom_max_bytes > 0:
+            # the stack's own kernel, measured or not, is one kernel launch per call within its size limit
+            self._links["tp"] = replace(self._links["tp"], kernel_all_reduce_max_bytes=custom_max_bytes,
+                                        kernel_launch_s=launch_overhead_s(self._gpu))
         if tp_all_reduce != "nccl" and tp_calibration is not None:
             # the stack's own all-reduce kernel where the GPU's profile measured it, up to the stack's size
-            # limit for it (``for_tp_all_reduce``)
+            # limit for it (``for_tp_all_reduce``; 0 for TensorRT-LLM: its plugin's workspace), each call
+            # paying the host cost of how the stack launches it
             self._links["tp"] = replace(self._links["tp"], calibration=tp_calibration.for_tp_all_reduce(
-                tp_all_reduce, custom_all_reduce_max_bytes))
+                tp_all_reduce, custom_max_bytes))
         stage_gpus = shape.tp * shape.ep
         if shape.ep > 1:
             self._links["ep"] = cluster.group_links([shape.first_rank + i * shape.tp for i in range(shape.ep)])

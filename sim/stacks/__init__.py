@@ -34,11 +34,13 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16", "16bit")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
         "optimizer_kernels": ("training", ("fused", "per_op")),
+        "linear_bias": ("training", ("fused", "unfused")),
         "fp8_recipe": ("training", ("delayed", "current")),
         "fp8_params": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
+        "pipeline_p2p": ("parallel", ("overlapped", "blocking")),
     },
     "serving": {
         "step_overhead_us": ("serving", float),
@@ -52,6 +54,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "chunked_prefill": ("serving", bool),
         "block_size": ("serving", int),
         "tp_logits": ("serving", ("shard", "all_gather")),
+        "custom_all_reduce_launch": ("serving", ("collective", "kernel")),
     },
 }
 

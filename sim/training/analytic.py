@@ -212,7 +212,9 @@ def pipeline_phase(
     for chunk_work in chunk_of[stage_class[critical]].chunks:
         for axis, seconds in chunk_work.exposed_comm_s.items():
             exposed[axis] = exposed.get(axis, 0.0) + seconds * m
-    exposed["pp"] = p2p
+    # pp: the fill / drain transfers plus what the chunks hold of blocking p2p and vocabulary-parallel
+    # collectives (per micro-batch, ``ChunkWork.exposed_comm_s``)
+    exposed["pp"] = exposed.get("pp", 0.0) + p2p
     # Each stage finishes its last backward once the later stages have drained theirs.
     last_backward_end = []
     drain_after = 0.0  # backward of the earlier stages, summed in stage order

@@ -21,7 +21,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
+    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
     "failures",
 )
 PARALLEL_KEYS = (
@@ -40,6 +40,7 @@ PARALLEL_KEYS = (
     "layers_per_stage",
     "tp_comm_overlap",
     "dp_comm_overlap",
+    "pipeline_p2p",
     "offload",
     "cp_comm",
     "vocab_parallel",
@@ -103,6 +104,14 @@ class TrainingSetup:
     # operation of the update, torch's for-loop AdamW / Composer DecoupledAdamW; gradient clipping
     # always scales the gradients); see sim.training.data_parallel.optimizer_bytes_per_parameter
     optimizer_kernels: str = "fused"
+    # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
+    # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
+    # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
+    pipeline_p2p: str = "overlapped"
+    # biased linear layers: "fused" (bias add and bias gradient in the GEMM epilogues, Transformer
+    # Engine / cuBLASLt) | "unfused" (Megatron-LM 2021-22: a separate add after the QKV matmul and
+    # a column-sum kernel over each biased linear's output gradient); see sim.training.costs.unfused_bias_ops
+    linear_bias: str = "fused"
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
     fp8_recipe: str = "delayed"
@@ -335,6 +344,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         framework=stack.name,
         main_grad_accumulation=settings["main_grad_accumulation"],
         optimizer_kernels=settings["optimizer_kernels"],
+        pipeline_p2p=settings["pipeline_p2p"],
+        linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
         fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
         checkpoint=checkpoint,

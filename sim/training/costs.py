@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from hardware.cost import ATTENTION_FA1_RATE
-from hardware.collectives import GroupLinks, collective_time_s
+from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
 from sim.training.config import TrainingSetup, p2p_overlap_slowdown
@@ -189,6 +189,8 @@ def layer_passes(
     )
     if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
         forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
+    if setup.linear_bias == "unfused":
+        forward = unfused_bias_add_ops(setup, forward)
     if plan.recompute == "full" or full_recompute:
         recompute = forward
     elif plan.recompute == "selective":
@@ -197,12 +199,66 @@ def layer_passes(
     else:
         recompute = []
     b_ops, w_ops = backward_ops(forward, recompute=recompute)
+    if setup.linear_bias == "unfused":
+        w_ops = w_ops + unfused_bias_gradient_ops(setup, forward)
     if job.precision == "fp8":
         forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
     elif setup.job.precision == "fp8":  # a bf16 layer of an fp8 run: its GEMMs at the 16-bit peak
         forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
                                  for ops in (forward, b_ops, w_ops))
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+# Biased projections of a layer whose bias Megatron-LM 2021-22 adds in a kernel of its own (the QKV
+# ColumnParallelLinear: matmul, then the bias add), and those whose bias is folded into the next
+# elementwise kernel (bias_dropout_add after out_proj / mlp_down, bias_gelu after mlp_up); every one
+# of them reduces its bias gradient with a separate column sum over the output gradient.
+BIAS_ADD_GEMMS = ("qkv_proj",)
+BIASED_ATTENTION_GEMMS = ("qkv_proj", "out_proj")
+BIASED_MLP_GEMMS = ("mlp_up", "mlp_down")
+ROW_PARALLEL_GEMMS = ("out_proj", "mlp_down")  # their bias acts on the all-reduced (or SP-scattered) output
+
+
+def _biased(setup: TrainingSetup, name: str) -> bool:
+    model = setup.model
+    if name == "qkv_proj" and (model.attention_bias or model.qkv_bias):
+        return True
+    return bool(model.attention_bias and name in BIASED_ATTENTION_GEMMS or model.mlp_bias and name in BIASED_MLP_GEMMS)
+
+
+def _bias_rows(setup: TrainingSetup, op: Op) -> int:
+    """Rows the bias of ``op`` is applied to: the GEMM's tokens, a row-parallel projection's
+    sequence-parallel shard (its bias follows the reduce-scatter)."""
+    plan = setup.plan
+    if op.name in ROW_PARALLEL_GEMMS and plan.sequence_parallel and plan.tp > 1:
+        return op.m // plan.tp
+    return op.m
+
+
+def unfused_bias_add_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
+    """``linear_bias = "unfused"``: after each GEMM of ``BIAS_ADD_GEMMS`` with a bias, an add kernel
+    reads and writes its output (2 x m n elements); its backward is the bias-gradient column sum,
+    which reads the output gradient once (m n)."""
+    out: list[Op] = []
+    for op in forward:
+        out.append(op)
+        if op.kind == "gemm" and op.name in BIAS_ADD_GEMMS and _biased(setup, op.name):
+            elements = op.m * op.n * op.batch
+            out.append(Op(name=f"{op.name}_bias_add", kind="memory", bytes_moved=2.0 * elements * op.bytes_per_element,
+                          backward_bytes_moved=elements * op.bytes_per_element))
+    return out
+
+
+def unfused_bias_gradient_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
+    """``linear_bias = "unfused"``: the bias-gradient column sums of the biased projections whose bias
+    rides in the following elementwise kernel (out_proj, mlp_up, mlp_down): one read of the output
+    gradient each (rows x n elements; the 1-D result is negligible), as weight-gradient work."""
+    ops = []
+    for op in forward:
+        if op.kind == "gemm" and op.weight and op.name not in BIAS_ADD_GEMMS and _biased(setup, op.name):
+            elements = _bias_rows(setup, op) * op.n * op.batch
+            ops.append(Op(name=f"{op.name}_bias_grad", kind="memory", bytes_moved=elements * op.bytes_per_element))
+    return ops
 
 
 # Ops whose output feeds a GEMM and into which Transformer Engine fuses the fp8 cast (+ transpose) of
@@ -545,6 +601,33 @@ def activation_offload_stall_s(setup: TrainingSetup, offloaded_bytes: float, chu
     return max(0.0, seconds - chunk_s)
 
 
+def blocking_p2p_s(
+    setup: TrainingSetup, links: Mapping[str, GroupLinks], send_bytes: float, *, first: bool, last: bool,
+    cache: PricingCache | None = None,
+) -> tuple[float, float]:
+    """Seconds a chunk's F and B (per micro-batch) spend in blocking pipeline p2p
+    (``pipeline_p2p = "blocking"``, Megatron-LM 2021-22 ``p2p_communication._communicate``): the
+    stage issues its sends and receives with ``batch_isend_irecv``, waits on them and calls
+    ``torch.cuda.synchronize()``, so the transfer of the chunk's output (F) and of its input gradient
+    (B) holds the stage's compute stream instead of overlapping its next op; with the scatter/gather
+    optimisation (tp > 1 without sequence parallelism) the receiver then rebuilds the whole tensor
+    from the tp slices with an all-gather over the TP group (``gather_split_1d_tensor``) before the
+    op that consumes it. The model-order first chunk receives no activations and sends no input
+    gradient; the last sends no activations and receives no gradient. The hop is priced over the
+    pipeline group's links (its slowest link when the group spans nodes). Zero when p2p overlaps."""
+    if setup.pipeline_p2p != "blocking" or links["pp"].size <= 1 or send_bytes <= 0:
+        return 0.0, 0.0
+    collective = cache.collective_s if cache is not None else collective_time_s
+    plan = setup.plan
+    transfer = collective(Collective.SEND_RECV, send_bytes, links["pp"])
+    gather = 0.0
+    if plan.tp > 1 and not plan.sequence_parallel:
+        gather = collective(Collective.ALL_GATHER, send_bytes * plan.tp, links["tp"])
+    forward = (0.0 if last else transfer) + (0.0 if first else gather)
+    backward = (0.0 if first else transfer) + (0.0 if last else gather)
+    return forward, backward
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkCost:
     work: ChunkWork
@@ -605,13 +688,16 @@ def chunk_cost(
         # Megatron's scatter/gather optimisation (Narayanan et al. 2021 Sec. 4.1): each TP rank sends
         # its 1/tp slice between stages and the receiver all-gathers it over NVLink
         send /= plan.tp
+    f_p2p, b_p2p = blocking_p2p_s(setup, links, send, first=first, last=last, cache=cache)
+    if f_p2p or b_p2p:
+        exposed["pp"] = exposed.get("pp", 0.0) + f_p2p + b_p2p
     parts = layer_activation_parts(
         model, plan, job, moe=model.is_moe, flash_attention=setup.fused_attention, dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
-    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0],
-              sum(c.backward_input.total_s for c in costs) - hidden_pp[1],
+    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0] + f_p2p,
+              sum(c.backward_input.total_s for c in costs) - hidden_pp[1] + b_p2p,
               sum(c.backward_weight.total_s for c in costs) - hidden_pp[2]]
     if plan.activation_offload:
         passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))

@@ -146,7 +146,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         "chunk", ids.gpu, ids.model, job_values(job), setup.attention_kernel, setup.expert_load_imbalance,
         setup.overlap_slowdown, _chunk_plan_values(plan), plan.pp if plan.vocab_parallel else 0,
         setup.main_grad_accumulation, setup.grad_reduce_dtype,
-        setup.fp8_recipe, setup.fp8_bf16_edge_layers,
+        setup.fp8_recipe, setup.fp8_bf16_edge_layers, setup.pipeline_p2p, setup.linear_bias,
     ))
     setup_context = cache.intern(
         ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
@@ -199,7 +199,7 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
         plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.vocab_parallel, plan.layers_per_stage, plan.recompute_layers,
-        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp,
+        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp, setup.pipeline_p2p,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 
@@ -231,6 +231,8 @@ def _stage_layout(setup: TrainingSetup, key: int, cache: PricingCache) -> StageL
         stage_class.append(index)
     memory_kinds, memory_class = stage_memory_classes(setup.model, plan)
     bandwidth, latency = p2p_links(setup, cache)
+    if setup.pipeline_p2p == "blocking":  # the chunks' F and B already hold the transfers (costs.blocking_p2p_s)
+        bandwidth, latency = (float("inf"),) * len(bandwidth), (0.0,) * len(latency)
     return StageLayout(
         key=key,
         signatures=tuple(signatures),

@@ -462,7 +462,9 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     tail = iteration - no_dp_end
     # a stage stalled on its gathers stalls its pipeline neighbours too: the longest stall is exposed
     exposed["dp"] = (tail if tail > 1e-12 * iteration else 0.0) + max(gather_waits) + max(0.0, slow_extra[critical])
-    exposed["pp"] = acc_pp_end[critical]
+    # pp: transfers waited on along the critical path, plus what the critical stage's chunks hold of
+    # blocking p2p and vocabulary-parallel collectives (m per chunk, as the tp / cp / ep axes)
+    exposed["pp"] = acc_pp_end[critical] + sum(m * chunk.exposed_comm_s.get("pp", 0.0) for chunk in work.stages[critical].chunks)
     return PipelineResult(
         iteration_time_s=iteration,
         pipeline_time_s=pipeline_time,

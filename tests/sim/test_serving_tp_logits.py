@@ -82,3 +82,42 @@ def test_tp_logits_comes_from_the_stack_and_a_user_key_wins(tmp_path) -> None:  
     out = subprocess.run([sys.executable, "-m", "sim", "simulate", str(path)], capture_output=True, text=True)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().startswith("error: ") and "tp_logits" in out.stderr and "all_gather" in out.stderr
+
+
+# ---- TensorRT-LLM's AllReduce plugin: its kernel within the workspace, one kernel launch per call --------
+def test_trtllm_all_reduce_workspace_follows_the_plugin() -> None:
+    from sim.serving.stepcost import trtllm_all_reduce_workspace_bytes
+
+    assert [trtllm_all_reduce_workspace_bytes(r) for r in (2, 4, 8)] == [16e6, 8e6, 8e6]
+
+
+def test_kernel_launched_all_reduce_pays_the_gpu_launch_within_the_workspace_and_nccl_past_it() -> None:
+    from hardware.collectives import COLLECTIVE_LAUNCH_OVERHEAD_S, collective_time_s
+    from hardware.cost import launch_overhead_s
+
+    cost = StepCostModel(_shape(4), step_overhead_s=0.0, request_overhead_s=0.0, tp_all_reduce="trtllm",
+                         custom_all_reduce_launch="kernel")
+    links = cost._links["tp"]
+    profile = get_gpu("h100-sxm-80gb").calibration.profile
+    trt, nccl = profile.custom_all_reduce[("trtllm", 4)], profile.collectives[("all_reduce", 4)]
+    launch = launch_overhead_s(get_gpu("h100-sxm-80gb"))
+    assert (links.kernel_all_reduce_max_bytes, links.kernel_launch_s) == (8e6, launch)
+    # within the 8,000,000 B workspace: the plugin's measured kernel + one launch; past it NCCL + its overhead
+    assert collective_time_s("all_reduce", 7e6, links) == pytest.approx(trt.at(7e6) + launch, rel=1e-12)
+    assert collective_time_s("all_reduce", 9e6, links) == pytest.approx(nccl.at(9e6) + COLLECTIVE_LAUNCH_OVERHEAD_S, rel=1e-12)
+    # other collectives keep the framework overhead
+    gather = profile.collectives[("all_gather", 4)]
+    assert collective_time_s("all_gather", 1e6, links) == pytest.approx(gather.at(1e6) + COLLECTIVE_LAUNCH_OVERHEAD_S, rel=1e-12)
+    # "collective" launch: every call pays the NCCL overhead, the plugin's kernel still serves within the workspace
+    plain = StepCostModel(_shape(4), step_overhead_s=0.0, request_overhead_s=0.0, tp_all_reduce="trtllm")._links["tp"]
+    assert collective_time_s("all_reduce", 7e6, plain) == pytest.approx(trt.at(7e6) + COLLECTIVE_LAUNCH_OVERHEAD_S, rel=1e-12)
+    with pytest.raises(ValueError, match="custom_all_reduce_launch"):
+        StepCostModel(_shape(4), step_overhead_s=0.0, request_overhead_s=0.0, custom_all_reduce_launch="graph")
+
+
+def test_custom_all_reduce_launch_comes_from_the_stack() -> None:
+    assert [get_stack("serving", n).settings["custom_all_reduce_launch"] for n in ("trtllm", "trtllm-0.9")] == ["kernel"] * 2
+    for name in ("vllm", "vllm-0.5", "fastertransformer"):
+        assert get_stack("serving", name).settings["custom_all_reduce_launch"] == "collective"
+    assert parse_serving({"framework": "trtllm"}).custom_all_reduce_launch == "kernel"
+    assert parse_serving({"framework": "trtllm", "custom_all_reduce_launch": "collective"}).custom_all_reduce_launch == "collective"

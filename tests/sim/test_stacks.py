@@ -336,3 +336,83 @@ def test_per_op_optimizer_kernels_move_the_counted_bytes_of_each_adam_operation(
         assert optimizer_time_s(setup, 0, links) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ConfigError, match="optimizer_kernels = 'sometimes'; allowed: fused, per_op"):
         parse_training({**base, "training": {**base["training"], "optimizer_kernels": "sometimes"}})
+
+
+def test_blocking_pipeline_p2p_holds_each_transfer_and_the_receivers_all_gather_on_the_stage() -> None:
+    """Megatron-LM 2021-22 (``pipeline_p2p = "blocking"``): a chunk's F holds the transfer of its
+    output and, past the first chunk, the TP all-gather that rebuilds its scatter/gather input; B the
+    transfer of its input gradient and, before the last chunk, the all-gather of the incoming one. The
+    async links then carry nothing, and both fidelities agree; "overlapped" leaves the chunks alone."""
+    from hardware.collectives import Collective, collective_time_s
+    from sim.training.costs import blocking_p2p_s, chunk_cost
+
+    base = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 32},
+        "training": {"seq_len": 2048, "global_batch": 32, "micro_batch": 2, "precision": "fp16",
+                     "framework": "megatron-2021"},
+        "parallel": {"tp": 8, "pp": 4},
+    }
+    blocking = parse_training(base)
+    overlapped = parse_training({**base, "parallel": {**base["parallel"], "pipeline_p2p": "overlapped"}})
+    assert blocking.pipeline_p2p == "blocking" and overlapped.pipeline_p2p == "overlapped"
+    assert parse_training(_config()).pipeline_p2p == "overlapped"  # Megatron-Core
+    links = group_links(blocking, 1)
+    send = 2 * 2048 * 2304 * 2.0 / 8  # the scatter/gather slice of one micro-batch's activations
+    transfer = collective_time_s(Collective.SEND_RECV, send, links["pp"])
+    gather = collective_time_s(Collective.ALL_GATHER, send * 8, links["tp"])
+    assert transfer > 0 and gather > 0
+    assert blocking_p2p_s(blocking, links, send, first=False, last=False) == (transfer + gather, transfer + gather)
+    assert blocking_p2p_s(blocking, links, send, first=True, last=False) == (transfer, gather)
+    assert blocking_p2p_s(blocking, links, send, first=False, last=True) == (gather, transfer)
+    assert blocking_p2p_s(overlapped, links, send, first=False, last=False) == (0.0, 0.0)
+    sp = parse_training({**base, "parallel": {**base["parallel"], "sequence_parallel": True}})
+    assert blocking_p2p_s(sp, links, send, first=False, last=False) == (transfer, transfer)  # no scatter/gather
+    layers = range(6, 12)
+    slow = chunk_cost(blocking, layers=layers, first=False, last=False, links=links, layer_cache={}).work
+    fast = chunk_cost(overlapped, layers=layers, first=False, last=False, links=links, layer_cache={}).work
+    assert slow.forward_s == pytest.approx(fast.forward_s + transfer + gather, rel=1e-12)
+    assert slow.backward_input_s == pytest.approx(fast.backward_input_s + transfer + gather, rel=1e-12)
+    assert slow.backward_weight_s == fast.backward_weight_s
+    assert slow.exposed_comm_s["pp"] == pytest.approx(2 * (transfer + gather), rel=1e-12)
+    runs = {fidelity: simulate_training(base, RunOptions(fidelity=fidelity)).metrics()
+            for fidelity in ("analytic", "des")}
+    assert runs["analytic"]["iteration_time_s"] == pytest.approx(runs["des"]["iteration_time_s"], rel=0.01)
+    assert runs["des"]["exposed_communication_s"]["pp"] >= 8 * 2 * (transfer + gather)  # every micro-batch's hops
+    faster = {**base, "parallel": {**base["parallel"], "pipeline_p2p": "overlapped"}}
+    assert runs["des"]["iteration_time_s"] > simulate_training(faster, RunOptions()).metrics()["iteration_time_s"]
+    with pytest.raises(ConfigError, match="pipeline_p2p = 'sometimes'; allowed: overlapped, blocking"):
+        parse_training({**base, "parallel": {**base["parallel"], "pipeline_p2p": "sometimes"}})
+
+
+def test_unfused_linear_bias_adds_the_qkv_bias_kernel_and_a_column_sum_per_biased_projection() -> None:
+    """Megatron-LM 2021-22 (``linear_bias = "unfused"``): the QKV matmul is followed by a bias add
+    (read + write m x n) whose backward column-sums the output gradient (read m x n); out_proj,
+    mlp_up and mlp_down sum their output gradients for their biases in W (rows x n each, the
+    row-parallel ones over the sequence-parallel shard). Fused epilogues and bias-free models add nothing."""
+    base = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 2048, "global_batch": 8, "micro_batch": 1, "precision": "fp16", "framework": "megatron-2021"},
+        "parallel": {"tp": 2, "pp": 1, "recompute": "full"},
+    }
+    unfused = parse_training(base)
+    assert unfused.linear_bias == "unfused" and parse_training(_config()).linear_bias == "fused"
+    fused = parse_training({**base, "training": {**base["training"], "linear_bias": "fused"}})
+    tokens, h, f = 2048, 2304, 9216
+    forward, b_ops, w_ops = layer_passes(unfused, moe=False)
+    by_name = {op.name: op for op in forward + b_ops + w_ops}
+    assert by_name["qkv_proj_bias_add"].bytes_moved == 2 * tokens * (3 * h // 2) * 2.0
+    assert by_name["recompute_qkv_proj_bias_add"].bytes_moved == 2 * tokens * (3 * h // 2) * 2.0  # full recompute
+    assert by_name["qkv_proj_bias_add_backward"].bytes_moved == tokens * (3 * h // 2) * 2.0
+    assert {op.name: op.bytes_moved for op in w_ops if op.name.endswith("_bias_grad")} == {
+        "out_proj_bias_grad": tokens * h * 2.0, "mlp_up_bias_grad": tokens * (f // 2) * 2.0,
+        "mlp_down_bias_grad": tokens * h * 2.0}
+    sp = parse_training({**base, "parallel": {"tp": 2, "pp": 1, "sequence_parallel": True}})  # no recompute
+    sp_grads = {op.name: op.bytes_moved for op in layer_passes(sp, moe=False)[2] if op.name.endswith("_bias_grad")}
+    assert sp_grads["out_proj_bias_grad"] == sp_grads["mlp_down_bias_grad"] == tokens // 2 * h * 2.0
+    for setup in (fused, parse_training({**base, "model": {"name": "llama3-8b"}})):
+        names = [op.name for ops in layer_passes(setup, moe=False) for op in ops]
+        assert not [name for name in names if "bias" in name]
+    with pytest.raises(ConfigError, match="linear_bias = 'sometimes'; allowed: fused, unfused"):
+        parse_training({**base, "training": {**base["training"], "linear_bias": "sometimes"}})

@@ -43,13 +43,13 @@ def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
-    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -4.0 % (2021-22 Megatron
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -3.1 % (2021-22 Megatron
     # and Megatron-Core H100 rows) and -13.3 % (2023-25 stacks). Bounds stop it from growing either way.
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
     modern = run_training_modern_suite(fidelity="des").signed_mean("iteration_time_s")
-    assert -0.045 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
+    assert -0.035 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
 
 
 def test_analytic_fidelity_tracks_the_des() -> None:
