@@ -813,18 +813,43 @@ def _lanes(programs: list[Program]) -> _Lanes:
                   occupancy=occupancy)
 
 
-def _deadlock(programs: list[Program], table: _Lanes, active: np.ndarray, op: np.ndarray) -> list[Execution]:
+class _Deadlock(Exception):
+    """No lane of an execution can go on: the lanes and the ops they wait at."""
+
+    def __init__(self, active: np.ndarray, op: np.ndarray) -> None:
+        super().__init__()
+        self.active, self.op = active, op
+
+
+def _started(current: np.ndarray, stop: np.ndarray, dep: np.ndarray, ends: np.ndarray, t: int) -> tuple[np.ndarray, ...] | None:
+    """(lanes, ops, the ops they wait for) of the ops that start at step ``t``: every unfinished
+    lane's next op (``current``, lanes end at ``stop``) whose input (``dep``) has ended (``ends``);
+    None when every lane is done. Raises ``_Deadlock`` when no lane can go on."""
+    active = np.flatnonzero(current < stop)
+    if not len(active):
+        return None
+    op = current[active]
+    waits = dep[op]
+    ready = ends[waits] <= t
+    if not ready.all():
+        if not ready.any():
+            raise _Deadlock(active, op)
+        active, op, waits = active[ready], op[ready], waits[ready]
+    return active, op, waits
+
+
+def _deadlock(programs: list[Program], table: _Lanes, stuck: _Deadlock) -> list[Execution]:
     """What an execution that no lane can go on does: with several programs, each run alone (to find
     the one that deadlocks); a single program raises ``InvalidPlanError`` naming what each stage waits at."""
     if len(programs) > 1:
         return [_execute_all([program])[0] for program in programs]
     program = programs[0]
-    stuck = []
-    for s, position in zip(active.tolist(), (op - table.first[active]).tolist()):
+    waiting = []
+    for s, position in zip(stuck.active.tolist(), (stuck.op - table.first[stuck.active]).tolist()):
         kept = np.flatnonzero(program.split_backward | (program.ops[s, :, 0] != W_CODE))  # the ops run (fused: no W)
         k, mb, c = program.ops[s, kept[position]].tolist()
-        stuck.append(f"stage {s} at {PASS_NAMES[k]}{mb}.{c}")
-    raise InvalidPlanError(f"schedule {program.schedule!r} deadlocks: {'; '.join(stuck)} wait for inputs that never come")
+        waiting.append(f"stage {s} at {PASS_NAMES[k]}{mb}.{c}")
+    raise InvalidPlanError(f"schedule {program.schedule!r} deadlocks: {'; '.join(waiting)} wait for inputs that never come")
 
 
 def _executions(programs: list[Program], table: _Lanes, last: np.ndarray, starts: np.ndarray) -> list[Execution]:
@@ -862,11 +887,14 @@ def _execute_table(
     dtype: type[np.signedinteger] | None = None,
 ) -> list[Execution]:
     """``_execute_all`` of the programs laid out in ``table``."""
-    if dtype is None and int(table.counts.max(initial=0)) < _PACKED_STEPS:
-        executions = _execute_packed(programs, table, record)
-        if executions is not None:
-            return executions
-    return _execute_rows(programs, table, record, dtype)
+    try:
+        if dtype is None and int(table.counts.max(initial=0)) < _PACKED_STEPS:
+            executions = _execute_packed(programs, table, record)
+            if executions is not None:
+                return executions
+        return _execute_rows(programs, table, record, dtype)
+    except _Deadlock as stuck:
+        return _deadlock(programs, table, stuck)
 
 
 def _execute_rows(
@@ -875,43 +903,34 @@ def _execute_rows(
     """``_execute_all`` with every path a (weighted time, F, B, W) row per weighting, per path slot
     and per lane. ``dtype`` of the rows: by default int16 when the run can fit (every lane's ops x
     ``_MAX_OP_WEIGHT`` < 2**15; run again in int32 if its steps turn out too many), else int32."""
-    kind, out_slot, wait_slot = table.kind, table.out_slot, table.wait_slot
-    counts, first, zero_slot, sink = table.counts, table.first, table.zero_slot, table.sink
+    kind, out_slot, wait_slot, dep = table.kind, table.out_slot, table.wait_slot, table.dep
+    counts, first, sink = table.counts, table.first, table.sink
     lane_count = len(counts)
     # int32: a path's weighted time is at most 10 x its ops (< 2**31 for any program validation admits)
     if dtype is None:
         dtype = np.int16 if int(counts.max()) * _MAX_OP_WEIGHT < 1 << 15 else np.int32
     paths = np.zeros((sink + 1, len(_WEIGHTS), 4), dtype=dtype)
-    ends = np.full(sink + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    ends[zero_slot] = -1
+    n = len(kind)
+    ends = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)  # per op (n: none, at -1)
+    ends[n] = -1
     steps = np.stack([_F_STEP, _B_STEP[False], _W_STEP, _B_STEP[True]]).astype(dtype)
     last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=dtype)
     starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=dtype)  # the path to each lane's first op's start
-    pointer = np.zeros(lane_count, dtype=np.int64)
-    level = np.zeros(len(kind), dtype=np.int64)  # the step at which each op starts
+    current, stop = first.copy(), first + counts  # per lane, its next op and its end
+    level = np.zeros(n, dtype=np.int64)  # the step at which each op starts
     t = 0
-    while True:
-        active = np.flatnonzero(pointer < counts)
-        if not len(active):
-            break
-        op = first[active] + pointer[active]
-        waits = wait_slot[op]
-        ready = ends[waits] <= t
-        if not ready.all():
-            if not ready.any():
-                return _deadlock(programs, table, active, op)
-            active, op, waits = active[ready], op[ready], waits[ready]
-        own, other = last[active], paths[waits]
+    while (started := _started(current, stop, dep, ends, t)) is not None:
+        active, op, _ = started
+        own, other = last[active], paths[wait_slot[op]]
         level[op] = t
-        beginning = pointer[active] == 0
+        beginning = current[active] == first[active]
         if beginning.any():
             starts[active[beginning]] = other[beginning]
         longer = np.where((own[:, :, 0] >= other[:, :, 0])[:, :, None], own, other) + steps[kind[op]]
         last[active] = longer
-        slot = out_slot[op]
-        paths[slot] = longer
-        ends[slot] = t + 1
-        pointer[active] += 1
+        paths[out_slot[op]] = longer
+        ends[op] = t + 1
+        current[active] += 1
         t += 1
         if dtype is np.int16 and t * _MAX_OP_WEIGHT >= 1 << 15:  # paths could outgrow int16
             return _execute_rows(programs, table, record, np.int32)
@@ -966,17 +985,8 @@ def _execute_packed(
     stop = first + counts
     high = ~np.int64(_COUNT_MASK)
     t = 0
-    while True:
-        active = np.flatnonzero(current < stop)
-        if not len(active):
-            break
-        op = current[active]
-        waits = dep[op]
-        ready = ends[waits] <= t
-        if not ready.all():
-            if not ready.any():
-                return _deadlock(programs, table, active, op)
-            active, op, waits = active[ready], op[ready], waits[ready]
+    while (started := _started(current, stop, dep, ends, t)) is not None:
+        active, op, waits = started
         own, other = paths[prev[op]], paths[waits]
         longer = np.where(own >= (other & high), own, other)
         longer += steps[kind[op]]
