@@ -322,7 +322,8 @@ NANOFLOW_NOTES = (
     "true: NanoFlow ran vLLM's benchmark_serving.py against its OpenAI server (efeslab/Nanoflow "
     "pipeline/eval/run_offline.sh), which in 0.5.3 shares the engine's process and streams every token "
     "serially with the steps (101.8 us per streamed token, from the vLLM team's profile of that server: "
-    "33 % of the time against the engine's 29 %). Without that server cost the rows read +18..+25 %. The "
+    "33 % of the time against the engine's 29 %, measured with Llama 3 8B on an H100 host and carried over "
+    "as a ratio to the engine's per-sequence host cost; NanoFlow's A100 host is not stated). Without that server cost the rows read +18..+25 %. The "
     "held-out vLLM 0.5.4 offline check (PR #7162, benchmark_throughput.py, no server) stays at -7.6 %",
     "NanoFlow's repository later lists other vLLM numbers (pipeline/eval/baseline_data.py, 2024-09-14: "
     "469 / 549 / 346 tokens/s/GPU) than its README figure used here (494 / 552 / 410, 2024-08-20)",

@@ -189,6 +189,8 @@ def layer_passes(
     )
     if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
         forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
+    if setup.attention_kernel == "unfused":
+        forward = megatron_attention_layout_ops(forward)
     if setup.linear_bias == "unfused":
         forward = unfused_bias_add_ops(setup, forward)
     if plan.recompute == "full" or full_recompute:
@@ -207,6 +209,26 @@ def layer_passes(
         forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
                                  for ops in (forward, b_ops, w_ops))
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+def megatron_attention_layout_ops(forward: list[Op]) -> list[Op]:
+    """The layout copies of Megatron-LM 2021-22's materialised-scores core attention
+    (megatron/model/transformer.py ParallelAttention.forward at 50a4b5fa02): the [b np, sq, hn]
+    context of the value bmm becomes [sq, b, np hn] by ``context_layer.permute(2, 0, 1, 3).contiguous()``,
+    a copy (read + write the context, after the last ``attention_values`` GEMM); Q, K and V are views
+    of the QKV output (``split_tensor_along_last_dim``), so in backward the split's gradient is
+    assembled by a concatenation (read the three gradients, write the QKV output gradient: 2 x the
+    QKV GEMM's m n), priced as this op's backward. (The permute's own backward and the views' are
+    strided views the bmm gradients consume directly: no copy.)"""
+    values = [index for index, op in enumerate(forward) if op.kind == "gemm" and op.name.startswith("attention_values")]
+    if not values:
+        return forward
+    context = sum(forward[i].m * forward[i].n * forward[i].batch for i in values)
+    a = forward[values[-1]].bytes_per_element
+    qkv = next((op for op in forward if op.kind == "gemm" and op.name == "qkv_proj"), None)
+    split = qkv.m * qkv.n * qkv.batch * qkv.bytes_per_element if qkv is not None else 0.0
+    copy = Op(name="attention_context_copy", kind="memory", bytes_moved=2.0 * context * a, backward_bytes_moved=2.0 * split)
+    return forward[: values[-1] + 1] + [copy] + forward[values[-1] + 1:]
 
 
 # Biased projections of a layer whose bias Megatron-LM 2021-22 adds in a kernel of its own (the QKV

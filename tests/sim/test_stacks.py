@@ -416,3 +416,24 @@ def test_unfused_linear_bias_adds_the_qkv_bias_kernel_and_a_column_sum_per_biase
         assert not [name for name in names if "bias" in name]
     with pytest.raises(ConfigError, match="linear_bias = 'sometimes'; allowed: fused, unfused"):
         parse_training({**base, "training": {**base["training"], "linear_bias": "sometimes"}})
+
+
+def test_megatron_unfused_attention_pays_its_context_permute_and_the_qkv_split_gradient() -> None:
+    """Megatron-LM 2021-22 core attention: context.permute(2, 0, 1, 3).contiguous() after the value
+    bmm (read + write the context: tokens x hidden / tp), recomputed with the attention; its backward
+    prices the concatenation that assembles the QKV output gradient from the Q, K, V views (read +
+    write tokens x 3 hidden / tp). Fused attention kernels write the context in place: no such op."""
+    base = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 2048, "global_batch": 8, "micro_batch": 1, "precision": "fp16", "framework": "megatron-2021"},
+        "parallel": {"tp": 2, "pp": 1, "recompute": "selective"},
+    }
+    forward, b_ops, _ = layer_passes(parse_training(base), moe=False)
+    names = [op.name for op in forward]
+    assert names.index("attention_context_copy") == names.index("attention_values") + 1
+    by_name = {op.name: op.bytes_moved for op in forward + b_ops}
+    assert by_name["attention_context_copy"] == by_name["recompute_attention_context_copy"] == 2 * 2048 * 1152 * 2.0
+    assert by_name["attention_context_copy_backward"] == 2 * 2048 * 3 * 1152 * 2.0
+    flash = parse_training({**base, "training": {**base["training"], "attention_kernel": "flash"}})
+    assert not [op for ops in layer_passes(flash, moe=False) for op in ops if "context_copy" in op.name]
