@@ -120,8 +120,13 @@ class TrainingJob:
     # fp8 primary weights (precision fp8 only): matmul weights kept in fp8, no 16-bit copy
     # (Transformer Engine fp8_model_init; Megatron --fp8-param-gather)
     fp8_params: bool = False
+    # the recipe's dropout probability (hidden and attention dropout, as GPT-3-style Megatron / NeMo
+    # recipes set both; 0 = none, as Llama-style recipes): only whether it is > 0 changes the cost
+    dropout: float = 0.0
 
     def __post_init__(self) -> None:
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise InvalidPlanError(f"training.dropout = {self.dropout!r} must be a number in [0, 1)")
         for name in ("seq_len", "global_batch", "micro_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -22,7 +22,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
-    "failures",
+    "failures", "dropout",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -238,6 +238,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         micro_batch=_int(training, "micro_batch", "training", 1),
         precision=str(training.get("precision", "bf16")),
         optimizer=str(training.get("optimizer", "adam")),
+        dropout=training.get("dropout", 0.0),
     )
     stack, settings = resolve_settings("training", config)
     attention_kernel = settings["attention_kernel"]

@@ -189,6 +189,8 @@ def layer_passes(
     )
     if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
         forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
+    if job.dropout > 0.0:
+        forward = with_dropout(setup, forward)
     if setup.attention_kernel == "unfused":
         forward = megatron_attention_layout_ops(forward)
     if setup.linear_bias == "unfused":
@@ -209,6 +211,49 @@ def layer_passes(
         forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
                                  for ops in (forward, b_ops, w_ops))
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+# Dropout (``[training] dropout`` > 0). Hidden dropout runs inside the bias-dropout-add after
+# attention and after the MLP (Megatron-Core megatron/core/fusions/fused_bias_dropout.py,
+# bias_dropout_add_fused_train, jit-fused; Megatron-LM 2021 the same): the fused forward kernel also
+# writes the 1-byte mask it draws, and its backward (a separate kernel: the residual gradient passes
+# through, the branch's gradient is grad x mask / (1 - p)) reads the 16-bit gradient and the mask and
+# writes the 16-bit gradient. Bytes per element of the (sequence-parallel shard of the) hidden state.
+HIDDEN_DROPOUT_FORWARD_BYTES = 1.0
+HIDDEN_DROPOUT_BACKWARD_EXTRA_BYTES = 1.0  # + 2 x the activation bytes (read and write the gradient)
+# The two residual adds of a layer, where the two dropout sites sit (workloads.graph.layer_forward_ops)
+HIDDEN_DROPOUT_SITES = ("residual_norm", "residual")
+# Attention dropout inside the fused attention kernel (Philox mask drawn in forward, redrawn in
+# backward): on Hopper, Transformer Engine's cuDNN fused attention in Megatron-Core's sbhd layout runs
+# forward + backward in 0.614 ms with attention_dropout 0.1 against 0.594 ms without (H200 sm90, TE
+# 2.15, bf16, 4096 tokens, 16 heads, head dim 128; NVIDIA/TransformerEngine#3312): the kernel's rate
+# times 0.594 / 0.614. The materialised-scores path already counts its dropout bytes
+# (workloads.graph UNFUSED_SOFTMAX_BYTES_PER_SCORE).
+ATTENTION_DROPOUT_RATE = 0.594 / 0.614
+
+
+def with_dropout(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
+    """A layer's forward ops with the recipe's dropout (see the constants above): the mask bytes on the
+    two residual adds (their backward also multiplies the gradient by the mask) and the fused
+    attention kernel at its rate with dropout."""
+    job, plan = setup.job, setup.plan
+    tokens = job.micro_batch * job.seq_len // plan.cp
+    if plan.sequence_parallel and plan.tp > 1:
+        tokens //= plan.tp
+    elements = tokens * setup.model.hidden
+    a = bytes_per_element("bf16" if job.precision == "fp8" else job.precision)
+    out: list[Op] = []
+    for op in forward:
+        if op.kind == "memory" and op.name in HIDDEN_DROPOUT_SITES:
+            backward = 2.0 * op.bytes_moved if op.backward_bytes_moved is None else op.backward_bytes_moved
+            op = replace(
+                op, bytes_moved=op.bytes_moved + HIDDEN_DROPOUT_FORWARD_BYTES * elements,
+                backward_bytes_moved=backward + (2.0 * a + HIDDEN_DROPOUT_BACKWARD_EXTRA_BYTES) * elements,
+            )
+        elif op.kind == "attention":
+            op = replace(op, kernel_rate=op.kernel_rate * ATTENTION_DROPOUT_RATE)
+        out.append(op)
+    return out
 
 
 def megatron_attention_layout_ops(forward: list[Op]) -> list[Op]:

@@ -36,20 +36,20 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 1.7B row (TP1, hidden 2048) sits at the limit (-19.7 %)
+    # the Megatron-Core H100 32B row (over-predicted, +20.2 %) sits at the limit; the 1.7B row is -18.3 %
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
-    assert threshold.max_mape <= 0.07 and threshold.max_row_error <= 0.20
+    assert threshold.max_mape <= 0.065 and threshold.max_row_error <= 0.205
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
-    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -2.9 % (2021-22 Megatron
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -2.3 % (2021-22 Megatron
     # and Megatron-Core H100 rows) and -13.3 % (2023-25 stacks). Bounds stop it from growing either way.
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
     modern = run_training_modern_suite(fidelity="des").signed_mean("iteration_time_s")
-    assert -0.035 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
+    assert -0.03 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
 
 
 def test_analytic_fidelity_tracks_the_des() -> None:
@@ -78,7 +78,7 @@ def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the issue's 7 % target is not met
-    # (14.7 %, signed -13.3 %): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # (14.5 %, signed -13.1 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
