@@ -90,45 +90,52 @@ def _gpipe(m: int) -> np.ndarray:
 
 
 def _warmup_then_alternate(
-    forward: tuple[np.ndarray, np.ndarray], backward: tuple[np.ndarray, np.ndarray], warmup: int, deferred_w: int
+    forward: tuple[np.ndarray, np.ndarray], backward: tuple[np.ndarray, np.ndarray], warmup: np.ndarray,
+    deferred_w: np.ndarray,
 ) -> np.ndarray:
-    """The 1F1B shape over n (micro-batch, chunk) forwards and n backwards in their orders: ``warmup``
-    forwards, then for k = 0..n-1 the next forward (while any is left), backward k and its W (the W
-    of the first ``deferred_w`` backwards moved to the end)."""
+    """The 1F1B shape of every stage s over n (micro-batch, chunk) forwards and n backwards in their
+    orders: ``warmup[s]`` forwards, then for k = 0..n-1 the next forward (while any is left),
+    backward k and its W (the W of the first ``deferred_w[s]`` backwards moved to the end).
+    Returns the stages' ``Program.ops``, shape (stages, 3 n, 3)."""
     (f_mb, f_c), (b_mb, b_c) = forward, backward
     n = len(f_mb)
+    w, d = np.minimum(warmup, n)[:, None], np.minimum(deferred_w, n)[:, None]
+    stages = len(w)
     k = np.arange(n)
-    # per k a block of (F of warmup + k | none), (B k), (W k | none); -1 marks an empty slot
-    block_f = np.where(k < n - warmup, warmup + k, -1)
-    block_w = np.where(k >= deferred_w, k, -1)
-    kinds = np.stack([np.full(n, F_CODE), np.full(n, B_CODE), np.full(n, W_CODE)], axis=1)
-    index = np.stack([block_f, k, block_w], axis=1)
-    keep = (index >= 0).ravel()
-    kinds, index = kinds.ravel()[keep], index.ravel()[keep]
-    is_f = kinds == F_CODE
-    mbs = np.where(is_f, f_mb[np.where(is_f, index, 0)], b_mb[index])
-    chunks = np.where(is_f, f_c[np.where(is_f, index, 0)], b_c[index])
-    head = np.arange(min(warmup, n))
-    tail = np.arange(min(deferred_w, n))
-    return np.concatenate([
-        _ops(np.full(len(head), F_CODE), f_mb[head], f_c[head]),
-        _ops(kinds, mbs, chunks),
-        _ops(np.full(len(tail), W_CODE), b_mb[tail], b_c[tail]),
-    ])
+    # per stage and k a block of (F of warmup + k | none), (B k), (W k | none); -1 marks an empty
+    # slot; an entry is the op's place in the forward (F) or backward (B, W) order
+    index = np.stack([np.where(k < n - w, w + k, -1), np.broadcast_to(k, (stages, n)), np.where(k >= d, k, -1)],
+                     axis=2).reshape(stages, 3 * n)
+    keep = index >= 0
+    kind = np.empty((stages, 3 * n), dtype=np.int64)
+    order = np.empty((stages, 3 * n), dtype=np.int64)
+    # a stage's ops: its w warm-up forwards, its kept block slots in order, its d deferred W
+    row = np.broadcast_to(np.arange(stages)[:, None], (stages, 3 * n))[keep]
+    column = (w + np.cumsum(keep, axis=1) - 1)[keep]
+    kind[row, column] = np.broadcast_to(np.tile([F_CODE, B_CODE, W_CODE], n), (stages, 3 * n))[keep]
+    order[row, column] = index[keep]
+    head_row, head = np.nonzero(k < w)
+    kind[head_row, head], order[head_row, head] = F_CODE, head
+    tail_row, tail = np.nonzero(k < d)
+    kind[tail_row, 3 * n - d[tail_row, 0] + tail], order[tail_row, 3 * n - d[tail_row, 0] + tail] = W_CODE, tail
+    is_f = kind == F_CODE
+    return np.stack([kind, np.where(is_f, f_mb[order], b_mb[order]), np.where(is_f, f_c[order], b_c[order])], axis=2)
 
 
-def _one_f_one_b(pp: int, stage: int, m: int, deferred_w: int) -> np.ndarray:
-    """PipeDream-flush / 1F1B (Narayanan et al. 2021, Sec. 2.2.1) with the first ``deferred_w`` W ops moved to the end.
+def _one_f_one_b(pp: int, m: int, deferred_w: np.ndarray) -> np.ndarray:
+    """PipeDream-flush / 1F1B (Narayanan et al. 2021, Sec. 2.2.1) with the first ``deferred_w[s]`` W
+    ops of stage s moved to the end, for every stage.
 
     Warm-up of min(pp - stage - 1, m) forwards, steady state one F then one B, cool-down of the
     remaining B: at most pp - stage micro-batches are in flight on the stage.
     """
     i, zero = np.arange(m), np.zeros(m, dtype=np.int64)
-    return _warmup_then_alternate((i, zero), (i, zero), min(pp - stage - 1, m), deferred_w)
+    return _warmup_then_alternate((i, zero), (i, zero), np.minimum(pp - np.arange(pp) - 1, m), deferred_w)
 
 
-def _interleaved(pp: int, stage: int, m: int, v: int) -> np.ndarray:
-    """Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2) with v chunks per stage.
+def _interleaved(pp: int, m: int, v: int) -> np.ndarray:
+    """Megatron-LM's interleaved 1F1B (Narayanan et al. 2021, Sec. 2.2.2) with v chunks per stage,
+    for every stage.
 
     The k-th forward (0..m*v-1) of a stage runs micro-batch (k // (pp*v)) * pp + k % pp on local
     chunk (k % (pp*v)) // pp: groups of pp micro-batches go through chunk 0, then chunk 1, ...;
@@ -137,10 +144,11 @@ def _interleaved(pp: int, stage: int, m: int, v: int) -> np.ndarray:
     min(2 (pp - stage - 1) + (v - 1) pp, m v); then one F and one B alternate; then the remaining B.
     """
     total = m * v
-    warmup = total if m == pp else min(2 * (pp - stage - 1) + (v - 1) * pp, total)
+    stage = np.arange(pp)
+    warmup = np.full(pp, total) if m == pp else np.minimum(2 * (pp - stage - 1) + (v - 1) * pp, total)
     k = np.arange(total)
     microbatch, chunk = (k // (pp * v)) * pp + k % pp, (k % (pp * v)) // pp
-    return _warmup_then_alternate((microbatch, chunk), (microbatch, v - 1 - chunk), warmup, 0)
+    return _warmup_then_alternate((microbatch, chunk), (microbatch, v - 1 - chunk), warmup, np.zeros(pp, dtype=np.int64))
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -337,100 +345,114 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     later = per_stage - 1 - index_of  # the stage's chunks after g (room kept for them)
     depth = lane_chunks[:, None] - 1 - (local - first_chunk[local])  # smaller key for the deeper chunk
     never = np.iinfo(np.int64).max
-    ends = np.full(sentinel + int(ms.max()), never, dtype=np.int64)
-    ends[sentinel:] = -1
+    nowhere = sentinel + int(ms.max())  # the end of an op that never runs (a column with no op left)
+    ends = np.full(nowhere + 1, never, dtype=np.int64)
+    ends[sentinel:nowhere] = -1
     limit = np.concatenate([np.asarray(s.limits, dtype=np.int64) for s in specs])
     lanes = len(limit)
-    # per (lane, local chunk): where its F ends are, what its F and B wait for, the most activations
-    # the lane may hold before starting a forward of it
-    own_f, prev_f, next_b = base[local], f_wait[local], b_wait[local]
-    room = limit[:, None] - 1 - later[local]
-    following = np.zeros((2, lanes, per_stage), dtype=np.int64)  # next forward / backward micro-batch per (lane, chunk)
+    # the choices of a lane, as columns: B of each local chunk, F of each local chunk, a pending W.
+    # Per (lane, B/F column) what its next op (micro-batch nxt) waits for: ends[first + nxt] and
+    # ends[second + nxt] (a B its own F and the next chunk's B; an F the previous chunk's F), ends[at
+    # + nxt] where it ends, the most activations the lane may hold to start it (an F) and its key
+    # (class, micro-batch, deepest chunk first: one integer; B before F unless forward_first)
+    span = lane_m * lane_chunks
+    b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
+    own_f = base[local]
+    first = np.concatenate([own_f, f_wait[local]], axis=1)
+    second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel)], axis=1)
+    at = np.concatenate([slots + own_f, own_f], axis=1)
+    room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local]], axis=1)
+    keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth], axis=1)
+    no_choice = 3 * int(span.max())
+    columns = 2 * per_stage
+    # per (lane, column), flat: the next op's micro-batch and the ends it waits for and sets
+    # (first + micro-batch, second + ..., at + ...), moved on as the column's ops are placed
+    nxt = np.zeros(lanes * columns, dtype=np.int64)
+    wait_a, wait_b, end_at = first.ravel(), second.ravel(), at.ravel()
+    keys, room = keys.ravel(), room.reshape(lanes, columns)
+    column_kind = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE)])
+    column_held = np.concatenate([np.full(per_stage, -1), np.full(per_stage, 1)])
+    b_duration = 1 if split else 2
+    column_duration = np.concatenate([np.full(per_stage, b_duration), np.full(per_stage, 1)])
+    column_chunk = np.tile(np.arange(per_stage), 2)
+    lane_column_m = np.repeat(lane_m, columns)
+    lane_column_chunks = np.repeat(lane_chunks, columns)
     held = np.zeros(lanes, dtype=np.int64)
     free = np.zeros(lanes, dtype=np.int64)
     total = 3 * lane_m * per_stage
     out_base = np.cumsum(total) - total
-    out = np.zeros((int(total.sum()), 3), dtype=np.int64)  # rows: pass code, micro-batch, local chunk
-    done = np.zeros(lanes, dtype=np.int64)
-    # pending W per lane (micro-batch, chunk) in B order: a queue with head and tail
+    out = np.zeros((3, int(total.sum())), dtype=np.int64)  # columns of the rows: pass code, micro-batch, local chunk
+    out_kind, out_mb, out_chunk = out
+    cursor = out_base.copy()  # per lane, where its next op goes in ``out``
+    # pending W per lane (micro-batch, local chunk) in B order: a queue with head and tail
     queue_base = out_base // 3
-    queue = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
-    head = np.zeros(lanes, dtype=np.int64)
-    tail = np.zeros(lanes, dtype=np.int64)
-    # choice keys: (class, micro-batch, deepest chunk first) as one integer; B before F unless forward_first
-    span = lane_m * lane_chunks
-    b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
-    b_key, f_key = b_class[:, None] + depth, f_class[:, None] + depth
-    no_choice = 3 * int(span.max())
-    columns = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE), [W_CODE]])
-    column_chunk = np.concatenate([np.arange(per_stage), np.arange(per_stage), [0]])
-    b_duration = 1 if split else 2
+    queue_mb, queue_chunk = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
+    head, tail = queue_base.copy(), queue_base.copy()
+    row_start = np.arange(lanes) * columns
+    left = int(total.sum())  # ops not yet placed
     t = 0
-    unfinished = done < total
     while True:
-        act = np.flatnonzero(unfinished & (free <= t))
-        if len(act):
-            ib, jf = following[1][act], following[0][act]
-            m_act = lane_m[act, None]
-            ibc, jfc = np.minimum(ib, m_act - 1), np.minimum(jf, m_act - 1)
-            ok_b = (ib < m_act) & (ends[own_f[act] + ibc] <= t) & (ends[next_b[act] + ibc] <= t)
-            ok_f = (jf < m_act) & (ends[prev_f[act] + jfc] <= t) & (held[act, None] <= room[act])
-            chunks_act = lane_chunks[act, None]
-            keys = np.concatenate([
-                np.where(ok_b, b_key[act] + ib * chunks_act, no_choice),
-                np.where(ok_f, f_key[act] + jf * chunks_act, no_choice),
-                np.where(head[act] < tail[act], 2 * span[act], no_choice)[:, None],
-            ], axis=1)
-            column = keys.argmin(axis=1)
-            rows = np.flatnonzero(keys[np.arange(len(act)), column] < no_choice)
-        else:
-            rows = act
+        # every lane's choices: its best ready B or F (a W, pending since its B, only when none is)
+        score = np.where((ends[wait_a] <= t) & (ends[wait_b] <= t), keys, no_choice).reshape(lanes, columns)
+        score[held[:, None] > room] = no_choice
+        column = score.argmin(axis=1)
+        best = row_start + column
+        has_fb = keys[best] == score.ravel()[best]  # the best is a ready op (keys are below no_choice)
+        rows = np.flatnonzero((has_fb | (head < tail)) & (free <= t))
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
             if not len(later_free):
-                stuck = specs[int(np.searchsorted(np.cumsum(pps), np.flatnonzero(done < total)[0], side="right"))]
+                stuck = specs[int(np.searchsorted(np.cumsum(pps), np.flatnonzero(cursor < out_base + total)[0], side="right"))]
                 raise InvalidPlanError(
                     f"schedule cannot proceed under its activation limits {list(stuck.limits)} (pp = {stuck.pp}, m = {stuck.m})"
                 )
             t = int(later_free.min())
             continue
-        stages, column = act[rows], column[rows]
-        kind = columns[column]
-        is_w = kind == W_CODE
-        chunk_column = column_chunk[column]
-        chosen = local[stages, chunk_column]
-        pass_index = np.where(kind == F_CODE, 0, 1)  # F: ends[base], B: ends[E + base] (W: unused)
-        microbatch = following[pass_index, stages, chunk_column]
-        if is_w.any():
-            w_stages = stages[is_w]
-            w_slot = queue_base[w_stages] + head[w_stages]
-            microbatch[is_w] = queue[0, w_slot]
-            chosen[is_w] = queue[1, w_slot]
+        is_fb = has_fb[rows]
+        row = cursor[rows]
+        cursor[rows] += 1
+        free[rows] = t + 1
+        if not is_fb.all():
+            w_stages = rows[~is_fb]
+            w_row = row[~is_fb]
+            w_slot = head[w_stages]
+            out_kind[w_row], out_mb[w_row], out_chunk[w_row] = W_CODE, queue_mb[w_slot], queue_chunk[w_slot]
             head[w_stages] += 1
-        fb = ~is_w
-        fb_stages, fb_chunk, fb_pass, fb_mb = stages[fb], chosen[fb], pass_index[fb], microbatch[fb]
-        is_b = fb_pass == 1
-        ends[fb_pass * slots + base[fb_chunk] + fb_mb] = t + np.where(is_b, b_duration, 1)
-        following[fb_pass, fb_stages, chunk_column[fb]] += 1
-        held[fb_stages] += 1 - 2 * is_b
-        out[out_base[stages] + done[stages]] = np.stack([kind, microbatch, index_of[chosen]], axis=1)
-        done[stages] += 1
-        free[stages] = t + 1
-        b_stages = fb_stages[is_b]
+            stages, row = rows[is_fb], row[is_fb]
+        else:
+            stages = rows
+        c = column[stages]
+        flat = best[stages]
+        mb = nxt[flat]
+        out_kind[row], out_mb[row], out_chunk[row] = column_kind[c], mb, column_chunk[c]
+        ends[end_at[flat]] = t + column_duration[c]
+        nxt[flat] += 1
+        end_at[flat] += 1
+        wait_a[flat] += 1
+        wait_b[flat] += 1
+        keys[flat] += lane_column_chunks[flat]
+        gone = flat[mb + 1 == lane_column_m[flat]]  # the column's last op: it never has another
+        if len(gone):
+            wait_a[gone] = nowhere
+            wait_b[gone] = nowhere
+        held[stages] += column_held[c]
+        is_b = c < per_stage
+        b_stages = stages[is_b]
         if split:
-            queue[:, queue_base[b_stages] + tail[b_stages]] = (fb_mb[is_b], fb_chunk[is_b])
+            slot = tail[b_stages]
+            queue_mb[slot], queue_chunk[slot] = mb[is_b], c[is_b]
             tail[b_stages] += 1
         elif len(b_stages):
-            out[out_base[b_stages] + done[b_stages]] = np.stack(
-                [np.full(len(b_stages), W_CODE), fb_mb[is_b], index_of[fb_chunk[is_b]]], axis=1)
-            done[b_stages] += 1
+            w_row = cursor[b_stages]
+            out_kind[w_row], out_mb[w_row], out_chunk[w_row] = W_CODE, mb[is_b], c[is_b]
+            cursor[b_stages] += 1
             free[b_stages] = t + 2
-        unfinished = done < total
-        if not unfinished.any():
+        left -= len(rows) + (0 if split else len(b_stages))
+        if not left:
             break
         t += 1
     cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
-    return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(out, cuts))]
+    return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(np.ascontiguousarray(out.T), cuts))]
 
 
 def _greedy_spec(schedule: str, pp: int, m: int, v: int) -> GreedySpec | None:
@@ -472,13 +494,13 @@ def _generate(schedule: str, pp: int, m: int, v: int) -> tuple[tuple[int, ...], 
         return placement("looping", pp, 1), np.broadcast_to(ops, (pp,) + ops.shape)
     if schedule == "1f1b" or (schedule == "interleaved" and v == 1):
         # interleaving with one chunk per stage is plain 1F1B (Megatron-LM picks the same schedule)
-        return placement("looping", pp, 1), np.stack([_one_f_one_b(pp, s, m, deferred_w=0) for s in range(pp)])
+        return placement("looping", pp, 1), _one_f_one_b(pp, m, np.zeros(pp, dtype=np.int64))
     if schedule == "interleaved":
-        return placement("looping", pp, v), np.stack([_interleaved(pp, s, m, v) for s in range(pp)])
+        return placement("looping", pp, v), _interleaved(pp, m, v)
     if schedule == "zb-h1":
         # ZB-H1 (Qi et al. ICLR'24, arXiv 2401.10241, Fig. 3): the F/B order and peak of 1F1B, with
         # the W of the first ``stage`` micro-batches deferred to the end (PaddlePaddle's ZBH1 job list)
-        return placement("looping", pp, 1), np.stack([_one_f_one_b(pp, s, m, deferred_w=min(s, m)) for s in range(pp)])
+        return placement("looping", pp, 1), _one_f_one_b(pp, m, np.minimum(np.arange(pp), m))
     if schedule == "bfs":
         return placement("looping", pp, v), _bfs(pp, m, v)
     raise InvalidPlanError(f"unknown schedule {schedule!r}")  # pragma: no cover - _check rejects unknown names
@@ -580,13 +602,13 @@ def _ops_in_order(ops: np.ndarray, m: int, v: int, split_backward: bool) -> bool
     if n != 3 * m * v:
         return False
     kind, mb, chunk = ops[:, :, 0], ops[:, :, 1], ops[:, :, 2]
-    if not ((mb >= 0) & (mb < m) & (chunk >= 0) & (chunk < v)).all():
+    if not ((kind >= 0) & (kind <= W_CODE) & (mb >= 0) & (mb < m) & (chunk >= 0) & (chunk < v)).all():
         return False
-    ids = (kind * m + mb) * v + chunk  # F ids, then B ids, then W ids
-    if not (np.sort(ids, axis=1) == np.arange(n)).all():
-        return False
-    position = np.empty((pp, n), dtype=np.int64)
+    ids = (kind * m + mb) * v + chunk  # F ids, then B ids, then W ids: each in 0..n-1
+    position = np.full((pp, n), -1, dtype=np.int64)
     position[np.arange(pp)[:, None], ids] = np.arange(n)
+    if (position < 0).any():  # n ids of a stage in n places: one is missing iff one repeats
+        return False
     f, b, w = position[:, : m * v], position[:, m * v : 2 * m * v], position[:, 2 * m * v :]
     return bool((f < b).all() and (b < w).all() and (split_backward or (w == b + 1).all()))
 
@@ -640,20 +662,37 @@ def _pareto(vectors: tuple[Vector, ...]) -> tuple[Vector, ...]:
 
 
 def _pareto_lanes(counts: np.ndarray) -> list[tuple[Vector, ...]]:
-    """``_pareto`` of every lane's (F, B, W) rows of ``counts`` (lanes, rows, 3), each distinct
-    row made a tuple once (rows repeat: many weightings share a path), found by sorting the rows
-    packed into one integer (21 bits per count)."""
-    if len(counts) and int(counts.max()) >= 1 << 21:  # counts too large to pack
+    """``_pareto`` of every lane's (F, B, W) rows of ``counts`` (lanes, rows, 3) in whole-array
+    operations: each lane's distinct rows (rows packed into one integer, 21 bits per count, and
+    sorted), those that no other distinct row of the lane dominates, largest sum first (then in
+    (F, B, W) order, the packed order), made tuples once."""
+    if not len(counts):
+        return []
+    if int(counts.max()) >= 1 << 21:  # counts too large to pack
         return [_pareto(tuple(map(tuple, lane))) for lane in counts.tolist()]
     code = (counts[:, :, 0].astype(np.int64) << 42) | (counts[:, :, 1].astype(np.int64) << 21) | counts[:, :, 2]
     code.sort(axis=1)
     distinct = np.ones(code.shape, dtype=bool)
     distinct[:, 1:] = code[:, 1:] != code[:, :-1]
-    lanes, columns = np.nonzero(distinct)
-    values = code[lanes, columns]
-    vectors = list(zip((values >> 42).tolist(), ((values >> 21) & (1 << 21) - 1).tolist(), (values & (1 << 21) - 1).tolist()))
+    rows = np.stack([code >> 42, (code >> 21) & (1 << 21) - 1, code & (1 << 21) - 1], axis=2)
+    # a row is dominated when another distinct row is >= in every count (the row itself is one such)
+    covering = ((rows[:, None, :, :] >= rows[:, :, None, :]).all(axis=3) & distinct[:, None, :]).sum(axis=2)
+    lanes, columns = np.nonzero(distinct & (covering == 1))
+    kept = rows[lanes, columns]
+    order = np.argsort((lanes << 24) | ((1 << 23) - kept.sum(axis=1)), kind="stable")
+    lanes = lanes[order]
+    vectors = list(map(tuple, kept[order].tolist()))
     bounds = np.searchsorted(lanes, np.arange(len(counts) + 1)).tolist()
-    return [_pareto(tuple(vectors[i:j])) for i, j in zip(bounds[:-1], bounds[1:])]
+    return [tuple(vectors[i:j]) for i, j in zip(bounds[:-1], bounds[1:])]
+
+
+def _pareto_of_all(sets: tuple[tuple[Vector, ...], ...]) -> tuple[Vector, ...]:
+    """``_pareto`` of the union of ``sets``: of its distinct vectors in one ``_pareto_lanes`` lane
+    (pairwise dominance as one array operation) while they are few enough, else ``_pareto``."""
+    rows = np.unique(np.array([vec for vectors in sets for vec in vectors], dtype=np.int64).reshape(-1, 3), axis=0)
+    if len(rows) > 512:
+        return _pareto(tuple(map(tuple, rows.tolist())))
+    return _pareto_lanes(rows[None])[0]
 
 
 # What one op adds to a path at every tracked weighting: rows (weighted time, F, B, W counts), as
@@ -706,9 +745,129 @@ def _execute(program: Program) -> Execution:
 _MAX_OP_WEIGHT = int(_WEIGHT_MATRIX[:, 1:].max(axis=0).sum())
 
 
+class _Lanes(NamedTuple):
+    """Several programs' ops as one flat table, the stages of all programs as lanes (``_lanes``):
+    per op (lane by lane, each in run order) its pass (F_CODE, B_CODE, W_CODE or 3: a fused B + W),
+    its lane, its local chunk, the path slot it fills (F or B of (chunk, micro-batch) of its program; W: the sink), the slot it waits for (the
+    zero slot: nothing), the op that fills that slot and its lane predecessor (n = the op count:
+    none); per lane its op count and first op; per program its occupancy (``_occupancy``)."""
+
+    kind: np.ndarray
+    lane: np.ndarray
+    chunk: np.ndarray
+    out_slot: np.ndarray
+    wait_slot: np.ndarray
+    dep: np.ndarray
+    prev: np.ndarray
+    counts: np.ndarray
+    first: np.ndarray
+    zero_slot: int
+    sink: int
+    occupancy: list[tuple[tuple[int, ...], int]]
+
+
+def _lanes(programs: list[Program]) -> _Lanes:
+    kinds, mbs, globals_, stages, locals_ = [], [], [], [], []
+    occupancy, sizes = [], []
+    for program in programs:
+        pp, v = program.pp, program.chunks_per_stage
+        ops = program.ops
+        local_to_global = _local_chunks(program.placement, pp)
+        occupancy.append(_occupancy(ops, local_to_global, len(program.placement)))
+        stage_of = np.repeat(np.arange(pp), ops.shape[1])
+        kind, mb, chunk = ops.reshape(-1, 3).T
+        if not program.split_backward:  # the W right after a fused B is part of it
+            keep = kind != W_CODE
+            kind, mb, chunk, stage_of = kind[keep], mb[keep], chunk[keep], stage_of[keep]
+            kind = kind | (kind == B_CODE) << 1  # B_CODE -> 3: fused B + W
+        kinds.append(kind)
+        locals_.append(chunk)
+        mbs.append(mb)
+        globals_.append(local_to_global.ravel()[stage_of * v + chunk])
+        stages.append(stage_of)
+        sizes.append(len(kind))
+    pps = np.array([p.pp for p in programs], dtype=np.int64)
+    ms = np.array([p.num_microbatches for p in programs], dtype=np.int64)
+    cs = np.array([len(p.placement) for p in programs], dtype=np.int64)
+    slot_bases = np.cumsum(2 * cs * ms) - 2 * cs * ms
+    lane_count, slot_count = int(pps.sum()), int((2 * cs * ms).sum())
+    kind, mb, g, stage = (np.concatenate(x) for x in (kinds, mbs, globals_, stages))
+    lane = stage + np.repeat(np.cumsum(pps) - pps, sizes)
+    # path slots: F of (g, mb) and B of (g, mb) of each program, a zero path (nothing to wait for), a sink for W
+    zero_slot, sink = slot_count, slot_count + 1
+    base, m_of, c_of = (np.repeat(x, sizes) for x in (slot_bases, ms, cs))
+    is_f, is_b = kind == F_CODE, kind & 1 == 1  # B_CODE or 3
+    f_slot = base + g * m_of + mb
+    out_slot = np.where(is_f, f_slot, np.where(is_b, f_slot + c_of * m_of, sink))
+    wait_slot = np.where(is_f & (g > 0), f_slot - m_of, np.where(is_b & (g < c_of - 1), f_slot + (c_of + 1) * m_of, zero_slot))
+    counts = np.bincount(lane, minlength=lane_count)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    n = len(kind)
+    producer = np.full(sink + 1, n, dtype=np.int64)
+    fills = kind != W_CODE
+    producer[out_slot[fills]] = np.flatnonzero(fills)
+    prev = np.arange(-1, n - 1, dtype=np.int64)
+    prev[first[counts > 0]] = n
+    return _Lanes(kind=kind, lane=lane, chunk=np.concatenate(locals_), out_slot=out_slot, wait_slot=wait_slot,
+                  dep=producer[wait_slot], prev=prev, counts=counts, first=first, zero_slot=zero_slot, sink=sink,
+                  occupancy=occupancy)
+
+
+class _Deadlock(Exception):
+    """No lane of an execution can go on: the lanes and the ops they wait at."""
+
+    def __init__(self, active: np.ndarray, op: np.ndarray) -> None:
+        super().__init__()
+        self.active, self.op = active, op
+
+
+def _started(current: np.ndarray, stop: np.ndarray, dep: np.ndarray, ends: np.ndarray, t: int) -> tuple[np.ndarray, ...] | None:
+    """(lanes, ops, the ops they wait for) of the ops that start at step ``t``: every unfinished
+    lane's next op (``current``, lanes end at ``stop``) whose input (``dep``) has ended (``ends``);
+    None when every lane is done. Raises ``_Deadlock`` when no lane can go on."""
+    active = np.flatnonzero(current < stop)
+    if not len(active):
+        return None
+    op = current[active]
+    waits = dep[op]
+    ready = ends[waits] <= t
+    if not ready.all():
+        if not ready.any():
+            raise _Deadlock(active, op)
+        active, op, waits = active[ready], op[ready], waits[ready]
+    return active, op, waits
+
+
+def _deadlock(programs: list[Program], table: _Lanes, stuck: _Deadlock) -> list[Execution]:
+    """What an execution that no lane can go on does: with several programs, each run alone (to find
+    the one that deadlocks); a single program raises ``InvalidPlanError`` naming what each stage waits at."""
+    if len(programs) > 1:
+        return [_execute_all([program])[0] for program in programs]
+    program = programs[0]
+    waiting = []
+    for s, position in zip(stuck.active.tolist(), (stuck.op - table.first[stuck.active]).tolist()):
+        kept = np.flatnonzero(program.split_backward | (program.ops[s, :, 0] != W_CODE))  # the ops run (fused: no W)
+        k, mb, c = program.ops[s, kept[position]].tolist()
+        waiting.append(f"stage {s} at {PASS_NAMES[k]}{mb}.{c}")
+    raise InvalidPlanError(f"schedule {program.schedule!r} deadlocks: {'; '.join(waiting)} wait for inputs that never come")
+
+
+def _executions(programs: list[Program], table: _Lanes, last: np.ndarray, starts: np.ndarray) -> list[Execution]:
+    """The ``Execution`` of every program from the (F, B, W) counts (lanes, weightings, 3) of the
+    paths to each lane's last op's end (``last``) and to its first op's start (``starts``)."""
+    out: list[Execution] = []
+    start = 0
+    last_paths, start_paths = _pareto_lanes(last), _pareto_lanes(starts)
+    for program, (peak, last_peak) in zip(programs, table.occupancy):
+        stage_ends = tuple(last_paths[start : start + program.pp])
+        stage_starts = tuple(start_paths[start : start + program.pp])
+        out.append((stage_ends, peak, last_peak, stage_starts))
+        start += program.pp
+    return out
+
+
 def _execute_all(
-    programs: list[Program], record: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
-    dtype: type[np.signedinteger] | None = None,
+    programs: list[Program], record: list[np.ndarray] | None = None, dtype: type[np.signedinteger] | None = None,
 ) -> list[Execution]:
     """``_execute`` of several programs in one run: their stages side by side as lanes of one array.
 
@@ -717,111 +876,139 @@ def _execute_all(
     them with a few array operations. A path's value at an op is the longer of the lane's previous
     op's path and the path of the op it waits for (the lane's own on ties), plus the op. A deadlock
     (no lane can go on) is raised for a single program; with several each is run alone to find it.
-    ``record``: receives, per step, the ops started, each one's lane predecessor and the op it
-    waited for (``len(kind)``: none), in the ops of all programs in order - the programs' dependency
-    graphs in levels (``_split_record`` gives each its own). ``dtype`` of the paths: by default int16
-    when the run can fit (every lane's ops x ``_MAX_OP_WEIGHT`` < 2**15; run again in int32 if its
-    steps turn out too many), else int32."""
-    kinds, mbs, globals_, lanes, wheres, slot_bases = [], [], [], [], [], []
-    occupancy, lane_count, slot_count = [], 0, 0
-    for program in programs:
-        pp, m = program.pp, program.num_microbatches
-        chunks = len(program.placement)
-        ops = program.ops
-        local_to_global = _local_chunks(program.placement, pp)
-        occupancy.append(_occupancy(ops, local_to_global, chunks))
-        stage_of = np.repeat(np.arange(pp), ops.shape[1])
-        flat = ops.reshape(-1, 3)
-        kind, mb = flat[:, 0], flat[:, 1]
-        g = local_to_global[stage_of, flat[:, 2]]
-        where = np.tile(np.arange(ops.shape[1]), pp)  # position in the stage's program (for messages)
-        if not program.split_backward:  # the W right after a fused B is part of it
-            keep = kind != W_CODE
-            kind, mb, g, stage_of, where = kind[keep], mb[keep], g[keep], stage_of[keep], where[keep]
-            kind = np.where(kind == B_CODE, 3, kind)  # 3: fused B + W
-        kinds.append(kind)
-        mbs.append(mb)
-        globals_.append(g)
-        lanes.append(stage_of + lane_count)
-        wheres.append(where)
-        slot_bases.append(slot_count)
-        lane_count += pp
-        slot_count += 2 * chunks * m
-    kind, mb, g, lane, where = (np.concatenate(x) for x in (kinds, mbs, globals_, lanes, wheres))
-    # path slots: F of (g, mb) and B of (g, mb) of each program, a zero path (nothing to wait for), a sink for W
-    zero_slot, sink = slot_count, slot_count + 1
-    per_op = [np.full(len(k), x, dtype=np.int64) for k, x in zip(kinds, slot_bases)]
-    base = np.concatenate(per_op)
-    ms = np.concatenate([np.full(len(k), p.num_microbatches, dtype=np.int64) for k, p in zip(kinds, programs)])
-    cs = np.concatenate([np.full(len(k), len(p.placement), dtype=np.int64) for k, p in zip(kinds, programs)])
-    is_f, is_b = kind == F_CODE, (kind == B_CODE) | (kind == 3)
-    out_slot = np.where(is_f, base + g * ms + mb, np.where(is_b, base + (cs + g) * ms + mb, sink))
-    wait_slot = np.full(len(kind), zero_slot, dtype=np.int64)
-    waits_f, waits_b = is_f & (g > 0), is_b & (g < cs - 1)
-    wait_slot[waits_f] = (base + (g - 1) * ms + mb)[waits_f]
-    wait_slot[waits_b] = (base + (cs + g + 1) * ms + mb)[waits_b]
-    counts = np.bincount(lane, minlength=lane_count)
-    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    ``record``: receives the step at which every op starts, in the ops of all programs in order
+    (``_lanes``): the programs' dependency graphs in levels (``_graphs``). The paths run packed (``_execute_packed``)
+    while their counts fit its fields, else as (time, F, B, W) rows of ``dtype`` (``_execute_rows``)."""
+    return _execute_table(programs, _lanes(programs), record, dtype)
+
+
+def _execute_table(
+    programs: list[Program], table: _Lanes, record: list[np.ndarray] | None = None,
+    dtype: type[np.signedinteger] | None = None,
+) -> list[Execution]:
+    """``_execute_all`` of the programs laid out in ``table``."""
+    try:
+        if dtype is None and int(table.counts.max(initial=0)) < _PACKED_STEPS:
+            executions = _execute_packed(programs, table, record)
+            if executions is not None:
+                return executions
+        return _execute_rows(programs, table, record, dtype)
+    except _Deadlock as stuck:
+        return _deadlock(programs, table, stuck)
+
+
+def _execute_rows(
+    programs: list[Program], table: _Lanes, record: list[np.ndarray] | None, dtype: type[np.signedinteger] | None,
+) -> list[Execution]:
+    """``_execute_all`` with every path a (weighted time, F, B, W) row per weighting, per path slot
+    and per lane. ``dtype`` of the rows: by default int16 when the run can fit (every lane's ops x
+    ``_MAX_OP_WEIGHT`` < 2**15; run again in int32 if its steps turn out too many), else int32."""
+    kind, out_slot, wait_slot, dep = table.kind, table.out_slot, table.wait_slot, table.dep
+    counts, first, sink = table.counts, table.first, table.sink
+    lane_count = len(counts)
     # int32: a path's weighted time is at most 10 x its ops (< 2**31 for any program validation admits)
     if dtype is None:
         dtype = np.int16 if int(counts.max()) * _MAX_OP_WEIGHT < 1 << 15 else np.int32
     paths = np.zeros((sink + 1, len(_WEIGHTS), 4), dtype=dtype)
-    ends = np.full(sink + 1, np.iinfo(np.int64).max, dtype=np.int64)
-    ends[zero_slot] = -1
+    n = len(kind)
+    ends = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)  # per op (n: none, at -1)
+    ends[n] = -1
     steps = np.stack([_F_STEP, _B_STEP[False], _W_STEP, _B_STEP[True]]).astype(dtype)
     last = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=dtype)
     starts = np.zeros((lane_count, len(_WEIGHTS), 4), dtype=dtype)  # the path to each lane's first op's start
-    pointer = np.zeros(lane_count, dtype=np.int64)
-    producer = np.full(sink + 1, len(kind), dtype=np.int64)  # the op that filled each path slot (none: len(kind))
+    current, stop = first.copy(), first + counts  # per lane, its next op and its end
+    level = np.zeros(n, dtype=np.int64)  # the step at which each op starts
     t = 0
-    while True:
-        active = np.flatnonzero(pointer < counts)
-        if not len(active):
-            break
-        op = first[active] + pointer[active]
-        waits = wait_slot[op]
-        ready = ends[waits] <= t
-        if not ready.all():
-            if not ready.any():
-                if len(programs) > 1:
-                    return [_execute_all([program])[0] for program in programs]
-                program = programs[0]
-                stuck = [
-                    "stage {} at {}{}.{}".format(int(s), PASS_NAMES[k], mb_, c)
-                    for s, (k, mb_, c) in zip(active, program.ops[active, where[op]].tolist())
-                ]
-                raise InvalidPlanError(
-                    f"schedule {program.schedule!r} deadlocks: {'; '.join(stuck)} wait for inputs that never come"
-                )
-            active, op, waits = active[ready], op[ready], waits[ready]
-        own, other = last[active], paths[waits]
-        if record is not None:
-            record.append((op, np.where(pointer[active] > 0, op - 1, len(kind)), producer[waits]))
-        beginning = pointer[active] == 0
+    while (started := _started(current, stop, dep, ends, t)) is not None:
+        active, op, _ = started
+        own, other = last[active], paths[wait_slot[op]]
+        level[op] = t
+        beginning = current[active] == first[active]
         if beginning.any():
             starts[active[beginning]] = other[beginning]
         longer = np.where((own[:, :, 0] >= other[:, :, 0])[:, :, None], own, other) + steps[kind[op]]
         last[active] = longer
-        slot = out_slot[op]
-        paths[slot] = longer
-        ends[slot] = t + 1
-        if record is not None:
-            producer[slot] = op
-        pointer[active] += 1
+        paths[out_slot[op]] = longer
+        ends[op] = t + 1
+        current[active] += 1
         t += 1
         if dtype is np.int16 and t * _MAX_OP_WEIGHT >= 1 << 15:  # paths could outgrow int16
-            if record is not None:
-                record.clear()
-            return _execute_all(programs, record, np.int32)
-    out: list[Execution] = []
-    start = 0
-    last_paths, start_paths = _pareto_lanes(last[:, :, 1:]), _pareto_lanes(starts[:, :, 1:])
-    for program, (peak, last_peak) in zip(programs, occupancy):
-        stage_ends = tuple(last_paths[start : start + program.pp])
-        stage_starts = tuple(start_paths[start : start + program.pp])
-        out.append((stage_ends, peak, last_peak, stage_starts))
-        start += program.pp
-    return out
+            return _execute_rows(programs, table, record, np.int32)
+    if record is not None:
+        record.append(level)
+    return _executions(programs, table, last[:, :, 1:], starts[:, :, 1:])
+
+
+# ``_execute_packed``: a path at one weighting as one int64, its weighted time in the high bits
+# (from bit 42) and its F, B and W counts in 14 bits each below, so that comparing two paths' times
+# is one comparison (a >= b & ~_COUNT_MASK compares the times: the counts are below 2**42) and
+# extending a path by an op one addition. Exact while counts stay below 2**14 (a path's ops are at
+# most the steps run, checked) and times below 2**21 (10 per op: implied).
+_COUNT_BITS = 14
+_PACKED_STEPS = 1 << _COUNT_BITS
+_TIME_SHIFT = 3 * _COUNT_BITS
+_COUNT_MASK = (1 << _TIME_SHIFT) - 1
+# non-split programs run F and fused B + W only: their paths have as many B as W ops, so weighting
+# (2, b, w) gives every path the time of (2, b + w) on one fused pass: one weighting per distinct b + w
+_FUSED_WEIGHTS = tuple(sorted({b + w for _, b, w in _WEIGHTS}))
+_FUSED_INDEX = np.array([_FUSED_WEIGHTS.index(b + w) for _, b, w in _WEIGHTS], dtype=np.int64)
+
+
+def _packed_steps(split: bool) -> np.ndarray:
+    """Per op kind (F_CODE, B_CODE, W_CODE, 3: fused B + W) what it adds to a packed path at every
+    weighting (``_WEIGHTS``, or ``_FUSED_WEIGHTS`` for programs without ``split_backward``)."""
+    counts = np.array([(1, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1)], dtype=np.int64)
+    packed = (counts[:, 0] << 2 * _COUNT_BITS) | (counts[:, 1] << _COUNT_BITS) | counts[:, 2]
+    if split:
+        times = counts @ _WEIGHT_MATRIX.T  # (kinds, weightings)
+    else:
+        fused = np.array([(2, c) for c in _FUSED_WEIGHTS], dtype=np.int64)
+        times = np.stack([counts[:, 0], counts[:, 1]], axis=1) @ fused.T  # F and fused B + W only
+    return (times << _TIME_SHIFT) | packed[:, None]
+
+
+def _execute_packed(
+    programs: list[Program], table: _Lanes, record: list[np.ndarray] | None,
+) -> list[Execution] | None:
+    """``_execute_rows`` with every path packed into one int64 per weighting and kept per op (an op
+    reads its lane predecessor's and its input's paths and writes its own): the same maxima, ties
+    and sums. Programs without ``split_backward`` alone run at one weighting per distinct b + w
+    (``_FUSED_WEIGHTS``). None when a path could outgrow the count fields (run ``_execute_rows``)."""
+    kind, dep, prev, counts, first = table.kind, table.dep, table.prev, table.counts, table.first
+    n = len(kind)
+    split = any(p.split_backward for p in programs)
+    steps = _packed_steps(split)
+    paths = np.zeros((n + 1, steps.shape[1]), dtype=np.int64)
+    ends = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    ends[n] = -1
+    current = first.copy()  # per lane, its next op
+    stop = first + counts
+    high = ~np.int64(_COUNT_MASK)
+    t = 0
+    while (started := _started(current, stop, dep, ends, t)) is not None:
+        active, op, waits = started
+        own, other = paths[prev[op]], paths[waits]
+        longer = np.where(own >= (other & high), own, other)
+        longer += steps[kind[op]]
+        paths[op] = longer
+        ends[op] = t + 1
+        current[active] += 1
+        t += 1
+        if t >= _PACKED_STEPS:  # a path's counts could outgrow their fields
+            return None
+    if record is not None:
+        record.append(ends[:n] - 1)
+    lanes_with_ops = counts > 0
+    last_op = np.where(lanes_with_ops, first + counts - 1, n)
+    start_op = np.where(lanes_with_ops, dep[np.minimum(first, n - 1)], n)
+    columns = slice(None) if split else _FUSED_INDEX
+    return _executions(programs, table, _unpacked(paths[last_op][:, columns]), _unpacked(paths[start_op][:, columns]))
+
+
+def _unpacked(paths: np.ndarray) -> np.ndarray:
+    """(..., 3) F, B and W counts of packed paths (``_execute_packed``)."""
+    field = (1 << _COUNT_BITS) - 1
+    return np.stack([(paths >> 2 * _COUNT_BITS) & field, (paths >> _COUNT_BITS) & field, paths & field], axis=-1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -833,20 +1020,38 @@ class ProgramGraph:
     slot: np.ndarray  # per op, its (stage, local chunk, kind F/B/W/fused B+W) price index
     prev: np.ndarray  # per op, the stage's previous op (n = none: the zero sentinel)
     dep: np.ndarray  # per op, the op of another chunk it waits for (n = none)
-    levels: tuple[np.ndarray, ...]  # op indices per level
     last: np.ndarray  # per stage, its last op
     first_dep: np.ndarray  # per stage, what its first op waits for (n = none: it starts at 0)
+    # the same graph with the ops renumbered level by level (op ``order[i]`` is op i of the
+    # renumbering): each level a contiguous range ``bounds[j]:bounds[j + 1]`` of ``level_slot``,
+    # ``level_prev`` and ``level_dep`` (predecessors as new numbers, n = none), ``level_last`` and
+    # ``level_first_dep`` the stages' ops as new numbers
+    order: np.ndarray
+    level_slot: np.ndarray
+    level_prev: np.ndarray
+    level_dep: np.ndarray
+    bounds: tuple[int, ...]
+    level_last: np.ndarray
+    level_first_dep: np.ndarray
+
+    @property
+    def levels(self) -> tuple[np.ndarray, ...]:
+        """Op indices per level, each level in op order."""
+        return tuple(self.order[lo:hi] for lo, hi in zip(self.bounds[:-1], self.bounds[1:]))
 
     def longest_paths(self, price: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(start, finish) of every stage when each op takes ``price[slot]`` seconds and starts as
         soon as its stage's previous op and its input are done: the program's longest paths.
         ``price`` of shape (slots, k) prices k cases side by side (results of shape (stages, k))."""
         end = np.zeros((len(self.slot) + 1,) + price.shape[1:])
-        duration = price[self.slot]
-        prev, dep = self.prev, self.dep
-        for ops in self.levels:
-            end[ops] = np.maximum(end[prev[ops]], end[dep[ops]]) + duration[ops]
-        return end[self.first_dep], end[self.last]
+        duration = price[self.level_slot]
+        prev, dep = self.level_prev, self.level_dep
+        bounds = self.bounds
+        for lo, hi in zip(bounds[:-1], bounds[1:]):  # a level's ops: the range lo:hi
+            level = end[lo:hi]
+            np.maximum(end[prev[lo:hi]], end[dep[lo:hi]], out=level)
+            level += duration[lo:hi]
+        return end[self.level_first_dep], end[self.level_last]
 
 
 _GRAPHS: dict[ProgramKey, ProgramGraph] = {}  # filled by prepare_program_profiles (emptied as _PROFILES)
@@ -855,7 +1060,7 @@ _GRAPHS: dict[ProgramKey, ProgramGraph] = {}  # filled by prepare_program_profil
 def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramGraph:
     """The program's dependency graph in levels (``ProgramGraph``), for pricing its longest paths on
     stages that differ: recorded by ``prepare_program_profiles`` with the program's execution, or
-    the program executed once more, recording each op's predecessors; cached."""
+    the program executed once more, recording when each op starts; cached."""
     graph = _GRAPHS.get((schedule, pp, num_microbatches, virtual_stages))
     return graph if graph is not None else _program_graph_alone(schedule, pp, num_microbatches, virtual_stages)
 
@@ -863,55 +1068,43 @@ def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages:
 @lru_cache(maxsize=256)
 def _program_graph_alone(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> ProgramGraph:
     program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
-    steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    _execute_all([program], steps)
-    return _graph(program, steps)
+    table = _lanes([program])
+    record: list[np.ndarray] = []
+    _execute_table([program], table, record)
+    return _graphs([program], table, record[0])[0]
 
 
-def _graph(program: Program, steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> ProgramGraph:
-    """``ProgramGraph`` of ``program`` from the steps ``_execute_all`` recorded for it alone."""
-    pp, v = program.pp, program.chunks_per_stage
-    ops = program.ops
-    stage_of = np.repeat(np.arange(pp), ops.shape[1])
-    flat = ops.reshape(-1, 3)
-    kind, chunk = flat[:, 0], flat[:, 2]
-    if not program.split_backward:  # as _execute_all: a fused B + W is one op
-        keep = kind != W_CODE
-        kind, chunk, stage_of = np.where(kind[keep] == B_CODE, 3, kind[keep]), chunk[keep], stage_of[keep]
-    n = len(kind)
-    prev, dep = np.full(n, n, dtype=np.int64), np.full(n, n, dtype=np.int64)
-    for op, before, waited in steps:
-        prev[op], dep[op] = before, waited
-    counts = np.bincount(stage_of, minlength=pp)
-    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    return ProgramGraph(
-        slot=(stage_of * v + chunk) * 4 + kind, prev=prev, dep=dep, levels=tuple(op for op, _, _ in steps),
-        last=np.where(counts > 0, first + counts - 1, n), first_dep=np.where(counts > 0, dep[np.minimum(first, n - 1)], n),
-    )
-
-
-def _split_record(
-    programs: list[Program], steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
-) -> list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-    """The steps ``_execute_all`` recorded for several programs, per program as if it ran alone (a
-    program's ops start at the same steps either way: programs share no dependency)."""
-    sizes = [p.ops.shape[0] * p.ops.shape[1] * (1 if p.split_backward else 2) // (1 if p.split_backward else 3)
-             for p in programs]
-    total = sum(sizes)
-    op = np.concatenate([x[0] for x in steps])
-    before = np.concatenate([x[1] for x in steps])
-    waited = np.concatenate([x[2] for x in steps])
-    step = np.repeat(np.arange(len(steps)), [len(x[0]) for x in steps])
+def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[ProgramGraph]:
+    """``ProgramGraph`` of every program laid out in ``table`` from the step at which each of its ops
+    starts in their execution (``_execute_all``'s record; programs side by side start their ops at
+    the steps they would alone: they share no dependency)."""
     out = []
-    low = 0
-    for size in sizes:
-        mine = np.flatnonzero((op >= low) & (op < low + size))
-        local, s = op[mine] - low, step[mine]
-        b, w = before[mine], waited[mine]
-        b, w = np.where(b == total, size, b - low), np.where(w == total, size, w - low)
-        bounds = np.concatenate(([0], np.flatnonzero(np.diff(s)) + 1, [len(s)])).tolist()
-        out.append([(local[i:j], b[i:j], w[i:j]) for i, j in zip(bounds[:-1], bounds[1:])])
-        low += size
+    lane = op = 0
+    total = len(table.kind)
+    for program in programs:
+        pp, v = program.pp, program.chunks_per_stage
+        counts = table.counts[lane : lane + pp]
+        n = int(counts.sum())
+        ops = slice(op, op + n)
+        prev, dep = (np.where(x[ops] == total, n, x[ops] - op) for x in (table.prev, table.dep))
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        last = np.where(counts > 0, first + counts - 1, n)
+        first_dep = np.where(counts > 0, dep[np.minimum(first, n - 1)], n)
+        steps = level[ops]
+        order = np.argsort(steps, kind="stable")  # level by level, each in op order
+        renumber = np.empty(n + 1, dtype=np.int64)
+        renumber[order] = np.arange(n)
+        renumber[n] = n
+        sizes = np.bincount(steps)
+        sizes = sizes[sizes > 0]
+        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        slot = ((table.lane[ops] - lane) * v + table.chunk[ops]) * 4 + table.kind[ops]
+        out.append(ProgramGraph(
+            slot=slot, prev=prev, dep=dep, last=last, first_dep=first_dep, order=order, level_slot=slot[order], level_prev=renumber[prev[order]],
+            level_dep=renumber[dep[order]], bounds=tuple(bounds.tolist()), level_last=renumber[last],
+            level_first_dep=renumber[first_dep],
+        ))
+        lane, op = lane + pp, op + n
     return out
 
 
@@ -1089,16 +1282,17 @@ def prepare_program_profiles(keys: Any) -> None:
     built.sort(key=lambda item: (item[1].ops.shape[1], item[0]))
     for group in _packed(built, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
         programs = [program for _, program in group]
-        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        table = _lanes(programs)
+        record: list[np.ndarray] = []
         try:
-            executions = _execute_all(programs, steps)
+            executions = _execute_table(programs, table, record)
         except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
-            executions = []
-        records = _split_record(programs, steps) if executions else []
-        for (key, program), execution, record in zip(group, executions, records):
+            continue
+        graphs = _graphs(programs, table, record[0]) if record else [None] * len(programs)
+        for (key, program), execution, graph in zip(group, executions, graphs):
             _remember(key, program, execution)
-            if _needs_graph(program):
-                _GRAPHS[key] = _graph(program, record)
+            if _needs_graph(program) and graph is not None:
+                _GRAPHS[key] = graph
             if len(_PROGRAMS) >= MAX_PROGRAMS:
                 _PROGRAMS.clear()
             _PROGRAMS[key] = program
@@ -1107,7 +1301,7 @@ def prepare_program_profiles(keys: Any) -> None:
 def _profile(program: Program, execution: Execution) -> ProgramProfile:
     stage_paths, peak, last_peak, start_paths = execution
     pp, virtual_stages = program.pp, program.chunks_per_stage
-    paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
+    paths = _pareto_of_all(stage_paths)
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)
     boundaries = []

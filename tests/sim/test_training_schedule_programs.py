@@ -230,3 +230,226 @@ def test_programs_executed_together_give_the_profiles_of_one_by_one() -> None:
     assert {k for k in alone if k[0] not in ("1f1b", "gpipe")} <= set(schedules._GRAPHS)
     with pytest.raises(InvalidPlanError, match="multiple of pp|divisible by pp"):
         program_profile("interleaved", 3, 4, 2)
+
+
+def _small_programs() -> list:
+    """Every named schedule's valid program on 1-5 stages, 1-6 and 9 micro-batches and its chunk counts."""
+    from sim.training import schedules
+
+    programs = []
+    for schedule in schedules.SCHEDULES:
+        chunk_counts = {"interleaved": (1, 2, 3), "bfs": (1, 2, 3), "hanayo": (2, 4)}.get(
+            schedule, (2,) if schedule in schedules.V_SHAPES else (1,))
+        for pp in range(1, 6):
+            for m in (1, 2, 3, 4, 5, 6, 9):
+                for v in chunk_counts:
+                    try:
+                        programs.append(schedules.schedule_program(schedule, pp, m, v))
+                    except InvalidPlanError:
+                        pass
+    return programs
+
+
+def test_packed_execution_equals_the_row_execution_on_small_programs() -> None:
+    """The packed executor (one int64 per path and weighting, one weighting per b + w without
+    split_backward) gives the executions and op start steps of the (time, F, B, W) row executor,
+    alone and side by side, and falls back to it when its count fields could overflow."""
+    from sim.training import schedules
+
+    programs = _small_programs()
+    assert len(programs) > 450
+    for program in programs:
+        packed_steps: list = []
+        rows_steps: list = []
+        table = schedules._lanes([program])
+        packed = schedules._execute_packed([program], table, packed_steps)
+        assert packed == schedules._execute_rows([program], table, rows_steps, None), program.schedule
+        assert len(packed_steps) == len(rows_steps) == 1  # the step at which each op starts
+        assert np.array_equal(packed_steps[0], rows_steps[0])
+    # side by side, fused and split programs mixed in one run (all 25 weightings)
+    mixed = programs[::7]
+    table = schedules._lanes(mixed)
+    assert schedules._execute_packed(mixed, table, None) == schedules._execute_rows(mixed, table, None, None)
+
+
+def test_packed_execution_hands_over_before_its_counts_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sim.training import schedules
+
+    program = schedules.schedule_program("zb-v", 4, 8, 2)
+    expected = schedules._execute_rows([program], schedules._lanes([program]), None, None)
+    monkeypatch.setattr(schedules, "_PACKED_STEPS", 10)
+    assert schedules._execute_packed([program], schedules._lanes([program]), None) is None
+    assert schedules._execute_all([program]) == expected
+
+
+def _list_schedule_one_by_one(spec) -> np.ndarray:
+    """The list scheduler of ``schedules._greedy``'s docstring, event by event in plain Python: at
+    every time, each free stage in stage order runs, of the ops whose inputs have arrived, the B of
+    the oldest micro-batch on the deepest chunk (F first with ``forward_first``), else an F whose
+    activations fit (keeping room for the stage's later chunks), else its oldest pending W."""
+    from collections import deque
+
+    from sim.training import schedules
+
+    pp, m, place, limits, split = spec.pp, spec.m, spec.place, spec.limits, spec.split
+    chunks = len(place)
+    v = chunks // pp
+    local = [[g for g in range(chunks) if place[g] == s] for s in range(pp)]
+    never = float("inf")
+    f_end: dict = {}
+    b_end: dict = {}
+    next_f, next_b = [[0] * v for _ in range(pp)], [[0] * v for _ in range(pp)]
+    held, free = [0] * pp, [0] * pp
+    pending = [deque() for _ in range(pp)]
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(pp)]
+    b_class, f_class = (1, 0) if spec.forward_first else (0, 1)
+    t = 0
+    while any(len(ops) < 3 * m * v for ops in out):
+        chose = False
+        for s in range(pp):
+            if free[s] > t:
+                continue
+            options = []
+            for c, g in enumerate(local[s]):
+                depth = chunks - 1 - g
+                i, j = next_b[s][c], next_f[s][c]
+                if i < m and f_end.get((g, i), never) <= t and (g == chunks - 1 or b_end.get((g + 1, i), never) <= t):
+                    options.append((b_class, i, depth, c))
+                if j < m and (g == 0 or f_end.get((g - 1, j), never) <= t) and held[s] <= limits[s] - 1 - (v - 1 - c):
+                    options.append((f_class, j, depth, c))
+            if pending[s]:
+                options.append((2, 0, 0, -1))
+            if not options:
+                continue
+            klass, mb, _, c = min(options)
+            chose = True
+            free[s] = t + 1
+            if c < 0:
+                mb, c = pending[s].popleft()
+                out[s].append((schedules.W_CODE, mb, c))
+            elif klass == f_class:
+                f_end[(local[s][c], mb)] = t + 1
+                next_f[s][c] += 1
+                held[s] += 1
+                out[s].append((schedules.F_CODE, mb, c))
+            else:
+                b_end[(local[s][c], mb)] = t + (1 if split else 2)
+                next_b[s][c] += 1
+                held[s] -= 1
+                out[s].append((schedules.B_CODE, mb, c))
+                if split:
+                    pending[s].append((mb, c))
+                else:
+                    out[s].append((schedules.W_CODE, mb, c))
+                    free[s] = t + 2
+        if chose:
+            t += 1
+        else:
+            later = [f for f in free if f > t]
+            if not later:
+                raise InvalidPlanError("stuck")
+            t = min(later)
+    return np.array(out, dtype=np.int64)
+
+
+def test_list_scheduler_equals_the_one_by_one_list_scheduler() -> None:
+    """``_greedy`` (all stages stepped together as array lanes, several programs side by side) makes
+    the choices of the event-by-event list scheduler, on every list-scheduled schedule of 1-6
+    stages and 1-10 micro-batches."""
+    from sim.training import schedules
+
+    specs = [schedules._greedy_spec(schedule, pp, m, v)
+             for schedule, v in [("zb-h2", 1), ("zb-v", 2), ("v-half", 2), ("v-min", 2), ("hanayo", 2), ("hanayo", 4)]
+             for pp in range(1, 7) for m in range(1, 11)]
+    expected = [_list_schedule_one_by_one(spec) for spec in specs]
+    for spec, ops in zip(specs, expected):
+        assert np.array_equal(schedules._greedy([spec])[0], ops), spec
+    for split, per_stage in [(True, 1), (True, 2), (False, 2), (False, 4)]:
+        group = [s for s in specs if s.split == split and len(s.place) == per_stage * s.pp]
+        together = schedules._greedy(group)
+        assert all(np.array_equal(a, expected[specs.index(s)]) for a, s in zip(together, group))
+
+
+def test_longest_paths_level_by_level_equal_the_op_by_op_longest_paths() -> None:
+    """``ProgramGraph.longest_paths`` (levels as contiguous ranges) against the longest paths taken
+    op by op in the levels' order, with random prices (the same float operations: equal exactly)."""
+    from sim.training import schedules
+
+    rng = np.random.default_rng(7)
+    for key in [("zb-v", 4, 8, 2), ("hanayo", 3, 6, 4), ("interleaved", 4, 8, 2), ("zb-h1", 5, 7, 1), ("bfs", 3, 5, 3)]:
+        graph = schedules._program_graph_alone(*key)
+        price = rng.uniform(0.5, 2.0, size=(int(graph.slot.max()) + 1, 3))
+        n = len(graph.slot)
+        end = np.zeros((n + 1, 3))
+        for ops in graph.levels:
+            for op in ops.tolist():
+                end[op] = np.maximum(end[graph.prev[op]], end[graph.dep[op]]) + price[graph.slot[op]]
+        start, finish = graph.longest_paths(price)
+        assert np.array_equal(start, end[graph.first_dep]) and np.array_equal(finish, end[graph.last]), key
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1", "interleaved"])
+def test_closed_form_programs_equal_their_stage_by_stage_definition(schedule: str) -> None:
+    """The 1F1B-shaped programs, built for all stages in one array operation, against their
+    definition written out op by op per stage: ``warmup`` forwards, then for k = 0..n-1 the next
+    forward (while any is left), backward k and its W (the first ``deferred`` W at the end)."""
+    from sim.training import schedules
+
+    codes = {"F": schedules.F_CODE, "B": schedules.B_CODE, "W": schedules.W_CODE}
+    for pp in range(1, 7):
+        for m in range(1, 11):
+            for v in ((1, 2, 3) if schedule == "interleaved" else (1,)):
+                if v > 1 and m % pp:
+                    continue
+                total = m * v
+                forward = [((k // (pp * v)) * pp + k % pp, (k % (pp * v)) // pp) for k in range(total)]
+                backward = [(mb, v - 1 - c) for mb, c in forward]
+                expected = []
+                for stage in range(pp):
+                    if schedule == "interleaved" and v > 1:
+                        warmup = total if m == pp else min(2 * (pp - stage - 1) + (v - 1) * pp, total)
+                    else:
+                        warmup = min(pp - stage - 1, m)
+                    deferred = min(stage, m) if schedule == "zb-h1" else 0
+                    ops = [("F", *forward[i]) for i in range(warmup)]
+                    for k in range(total):
+                        if warmup + k < total:
+                            ops.append(("F", *forward[warmup + k]))
+                        ops.append(("B", *backward[k]))
+                        if k >= deferred:
+                            ops.append(("W", *backward[k]))
+                    ops += [("W", *backward[k]) for k in range(deferred)]
+                    expected.append([(codes[kind], mb, c) for kind, mb, c in ops])
+                program = schedules.schedule_program(schedule, pp, m, v)
+                assert np.array_equal(program.ops, np.array(expected)), (pp, m, v)
+
+
+def test_pareto_of_many_lanes_equals_the_pareto_of_each() -> None:
+    """``_pareto_lanes`` (whole-array dominance) against ``_pareto`` lane by lane on random counts,
+    with repeated rows, ties of sums and dominated rows."""
+    from sim.training import schedules
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        high = int(rng.choice([2, 4, 10, 1000]))
+        counts = rng.integers(0, high, size=(int(rng.integers(1, 12)), int(rng.integers(1, 26)), 3))
+        assert schedules._pareto_lanes(counts) == [schedules._pareto(tuple(map(tuple, lane))) for lane in counts.tolist()]
+
+
+def test_pareto_of_a_union_equals_the_pareto_of_its_vectors() -> None:
+    from sim.training import schedules
+
+    rng = np.random.default_rng(1)
+    for size in (1, 3, 40, 600):
+        sets = tuple(tuple(map(tuple, rng.integers(0, 30, size=(int(rng.integers(0, 6)), 3)).tolist()))
+                     for _ in range(size))
+        sets = sets + (((1, 2, 3),),)
+        assert schedules._pareto_of_all(sets) == schedules._pareto(tuple(v for vectors in sets for v in vectors))
+
+
+def test_list_scheduler_names_the_program_that_cannot_proceed() -> None:
+    from sim.training import schedules
+
+    stuck = schedules.GreedySpec(pp=2, m=3, place=(0, 1), limits=(0, 1), split=True)  # stage 0 may hold none
+    with pytest.raises(InvalidPlanError, match=r"activation limits \[0, 1\] \(pp = 2, m = 3\)"):
+        schedules._greedy([schedules._greedy_spec("zb-h2", 2, 3, 1), stuck])
