@@ -686,15 +686,6 @@ def _pareto_lanes(counts: np.ndarray) -> list[tuple[Vector, ...]]:
     return [tuple(vectors[i:j]) for i, j in zip(bounds[:-1], bounds[1:])]
 
 
-def _pareto_of_all(sets: tuple[tuple[Vector, ...], ...]) -> tuple[Vector, ...]:
-    """``_pareto`` of the union of ``sets``: of its distinct vectors in one ``_pareto_lanes`` lane
-    (pairwise dominance as one array operation) while they are few enough, else ``_pareto``."""
-    rows = np.unique(np.array([vec for vectors in sets for vec in vectors], dtype=np.int64).reshape(-1, 3), axis=0)
-    if len(rows) > 512:
-        return _pareto(tuple(map(tuple, rows.tolist())))
-    return _pareto_lanes(rows[None])[0]
-
-
 # What one op adds to a path at every tracked weighting: rows (weighted time, F, B, W counts), as
 # one int64 array so that the executor updates all weightings of many ops in one operation.
 _WEIGHT_MATRIX = np.array(_WEIGHTS, dtype=np.int64)
@@ -1301,7 +1292,7 @@ def prepare_program_profiles(keys: Any) -> None:
 def _profile(program: Program, execution: Execution) -> ProgramProfile:
     stage_paths, peak, last_peak, start_paths = execution
     pp, virtual_stages = program.pp, program.chunks_per_stage
-    paths = _pareto_of_all(stage_paths)
+    paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)
     boundaries = []

@@ -436,17 +436,6 @@ def test_pareto_of_many_lanes_equals_the_pareto_of_each() -> None:
         assert schedules._pareto_lanes(counts) == [schedules._pareto(tuple(map(tuple, lane))) for lane in counts.tolist()]
 
 
-def test_pareto_of_a_union_equals_the_pareto_of_its_vectors() -> None:
-    from sim.training import schedules
-
-    rng = np.random.default_rng(1)
-    for size in (1, 3, 40, 600):
-        sets = tuple(tuple(map(tuple, rng.integers(0, 30, size=(int(rng.integers(0, 6)), 3)).tolist()))
-                     for _ in range(size))
-        sets = sets + (((1, 2, 3),),)
-        assert schedules._pareto_of_all(sets) == schedules._pareto(tuple(v for vectors in sets for v in vectors))
-
-
 def test_list_scheduler_names_the_program_that_cannot_proceed() -> None:
     from sim.training import schedules
 
