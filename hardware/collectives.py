@@ -25,8 +25,6 @@ sent for send/recv (the nccl-tests convention, so bus bandwidth = bus_factor x S
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -415,7 +413,7 @@ def collective_time_s(
     if links.size <= 1 or message_bytes <= 0:
         return 0.0
     if kind == Collective.ALL_REDUCE and message_bytes <= links.kernel_all_reduce_max_bytes:
-        links = dataclasses.replace(links, launch_overhead_s=links.kernel_launch_s)
+        links = replace(links, launch_overhead_s=links.kernel_launch_s)
     if algorithm is None:
         measured_s = calibrated_collective_s(kind, message_bytes, links)
         if measured_s is not None:

@@ -216,19 +216,19 @@ def memory_comparisons() -> list[Comparison]:
 # from getting worse than it is now (14.7 % / 26.3 %). Every row must fit (require_fit).
 MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.15, max_row_error=0.27),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 14 % too fast on average (fp8 GEMMs at the measured fp8 MAMF "
-    "fraction, llm-foundry's FA1-class Triton attention and per-op Composer AdamW, bf16 gradient buffers, fp8 "
-    "primary weights, Megatron-Bridge FP8-CS's bf16 first and last layers and Transformer Engine's userbuffer "
-    "overlap GEMM by GEMM (ring-exchange GEMMs in tp chunks of m/tp rows, pipeline GEMMs in 4 chunks and bulk "
-    "GEMMs on the SMs the 16-SM communication kernel leaves; the sequence-parallel re-gather of each TP GEMM's input for its weight gradient, beside the input-gradient GEMM) are modelled); not modelled: an H100 sustained "
-    "clock under power capping (the A100's, 1,305 of "
-    "1,410 MHz, is modelled; no bf16 H100 figure is sourced, and the H100 tables' long kernels run at the MAMF); "
-    "(hidden and attention dropout, which NeMo's GPT-3 recipes run at 0.1, are modelled: the bias-dropout-add "
-    "masks and cuDNN attention at 0.594/0.614 of its rate, NVIDIA/TransformerEngine#3312, +1.5-2 % on those rows); "
-    "host dispatch (not the cause of the fast small-model rows: their kernels run 18-800 us, and a layer's ~40 "
-    "launches at tens of us each take less host time than its GPU time); the MLPerf v3.0/v3.1 rows compare the "
-    "logged train_step_timing (their logged throughput also counts the validation runs) at their own interleaving "
-    "12 and stay the worst (the 2023 v3.0 software runs 9 % slower than v3.1); see the closing note of issue 11",
+    "rows of the 2023-25 stacks are predicted 13 % too fast on average. Modelled: fp8 GEMMs at the measured fp8 "
+    "MAMF fraction; llm-foundry's FA1-class Triton attention and per-op Composer AdamW; bf16 gradient buffers; "
+    "fp8 primary weights and Megatron-Bridge FP8-CS's bf16 first and last layers; Transformer Engine's userbuffer "
+    "overlap GEMM by GEMM (ring-exchange GEMMs in tp chunks of m/tp rows, pipeline GEMMs in 4 chunks, bulk GEMMs "
+    "on the SMs the 16-SM communication kernel leaves) and the sequence-parallel re-gather of each TP GEMM's input "
+    "for its weight gradient; hidden and attention dropout where the recipe sets it (NeMo GPT-3: 0.1; the "
+    "bias-dropout-add masks and cuDNN attention at 0.594/0.614 of its rate, NVIDIA/TransformerEngine#3312). "
+    "Not modelled: an H100 sustained clock under power capping (the A100's, 1,305 of 1,410 MHz, is modelled; no "
+    "H100 figure is sourced, and the H100 tables' long kernels run at the MAMF). Ruled out: host dispatch (the "
+    "fast small-model rows' kernels run 18-800 us, and a layer's ~40 launches take less host time than its GPU "
+    "time). The MLPerf v3.0/v3.1 rows compare the logged train_step_timing (their logged throughput also counts "
+    "the validation runs) at their own interleaving 12 and stay the worst (the 2023 v3.0 software runs 9 % slower "
+    "than v3.1); see the closing note of issue 11",
 )
 TRAINING_NOTES = (
     "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 3 % too fast on average (all run "
