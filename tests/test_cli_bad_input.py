@@ -40,6 +40,20 @@ def error_of(capsys: pytest.CaptureFixture[str], *argv: object) -> str:
     return lines[0]
 
 
+def serving_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, serving: str, *, model: str = "llama3-8b",
+                  gpu: str = "h100-sxm-80gb", num_gpus: int = 1) -> str:
+    """The ``error:`` line, its whole stderr, of ``llmsim simulate`` (exit 2) on a tiny offline serving
+    run whose [serving] table holds the TOML lines ``serving``."""
+    path = tmp_path / "serve.toml"
+    path.write_text(f'[model]\nname = "{model}"\n[cluster]\ngpu = "{gpu}"\nnum_gpus = {num_gpus}\n'
+                    f'[serving]\n{serving}\n'
+                    '[workload]\narrival = "offline"\nnum_requests = 2\nprompt_tokens = 64\noutput_tokens = 4\n')
+    code = main(["simulate", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
 @pytest.fixture()
 def inline(tmp_path: Path) -> Path:
     path = tmp_path / "inline.toml"

@@ -4,9 +4,6 @@ samples the full vocabulary; other stacks are priced with each rank sampling its
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from hardware.catalog import get_gpu, get_network, get_node
@@ -18,6 +15,8 @@ from sim.serving.stepcost import LOGIT_BYTES, SAMPLER_PASSES, ReplicaShape, Step
 from sim.stacks import get_stack
 from workloads.catalog import get_model
 from workloads.graph import Op, Sharding, lm_head_ops
+
+from tests.test_cli_bad_input import serving_error
 
 
 def _shape(tp: int) -> ReplicaShape:
@@ -65,7 +64,7 @@ def test_gathered_logits_buffer_holds_the_full_vocabulary_on_every_rank() -> Non
     assert extra == 896 * 16_032 * 7 * LOGIT_BYTES
 
 
-def test_tp_logits_comes_from_the_stack_and_a_user_key_wins(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_tp_logits_comes_from_the_stack_and_a_user_key_wins(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert get_stack("serving", "trtllm").settings["tp_logits"] == "all_gather"
     assert get_stack("serving", "trtllm-0.9").settings["tp_logits"] == "all_gather"
     for name in ("vllm", "vllm-0.5", "fastertransformer"):
@@ -75,13 +74,8 @@ def test_tp_logits_comes_from_the_stack_and_a_user_key_wins(tmp_path) -> None:  
     assert parse_serving({}).tp_logits == "shard"
     with pytest.raises(ValueError, match="tp_logits"):
         _cost(2, "gather")
-    path = tmp_path / "serve.toml"
-    path.write_text('[model]\nname = "llama3-8b"\n[cluster]\ngpu = "h100-sxm-80gb"\nnum_gpus = 2\n'
-                    '[serving]\nframework = "trtllm"\ntp = 2\ntp_logits = "gather"\n'
-                    '[workload]\narrival = "offline"\nnum_requests = 2\nprompt_tokens = 64\noutput_tokens = 4\n')
-    out = subprocess.run([sys.executable, "-m", "sim", "simulate", str(path)], capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().startswith("error: ") and "tp_logits" in out.stderr and "all_gather" in out.stderr
+    err = serving_error(capsys, tmp_path, 'framework = "trtllm"\ntp = 2\ntp_logits = "gather"', num_gpus=2)
+    assert "tp_logits" in err and "all_gather" in err
 
 
 # ---- TensorRT-LLM's AllReduce plugin: its kernel within the workspace, one kernel launch per call --------

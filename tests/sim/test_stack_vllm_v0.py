@@ -156,19 +156,14 @@ def test_decode_only_steps_run_at_the_padded_batch_and_prefill_steps_do_not() ->
 
 
 def test_bad_cuda_graph_and_all_reduce_limit_values_are_one_line_errors(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from sim.cli import main
+    from tests.test_cli_bad_input import serving_error
 
     for key, value, allowed in (("cuda_graph_padding", '"always"', "allowed: none, vllm-v0"),
                                 ("custom_all_reduce_max_bytes", "-1", "must be a number >= 0"),
                                 ("api_server", "\"yes\"", "must be true or false")):
-        path = tmp_path / f"{key}.toml"
-        path.write_text('[model]\nname = "llama2-7b"\n[cluster]\ngpu = "a100-sxm-80gb"\nnum_gpus = 1\n'
-                        f'[serving]\nframework = "vllm-0.5"\n{key} = {value}\n'
-                        '[workload]\narrival = "offline"\nnum_requests = 2\nprompt_tokens = 8\noutput_tokens = 2\n')
-        assert main(["simulate", str(path)]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("error:") and key in err and allowed in err and "\n" not in err
-
+        err = serving_error(capsys, tmp_path, f'framework = "vllm-0.5"\n{key} = {value}', model="llama2-7b",
+                            gpu="a100-sxm-80gb")
+        assert key in err and allowed in err
 
 def test_api_server_cost_per_streamed_token_follows_the_cited_profile() -> None:
     # the vLLM v0.6.0 blog's profile of the 0.5.3-era server: HTTP API server 33 % vs the engine's host work

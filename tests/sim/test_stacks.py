@@ -126,20 +126,16 @@ def test_serving_framework_sets_overheads_and_decode_attention() -> None:
     assert get_stack("serving", "fastertransformer").settings["decode_attention"] == "per_query_head"
 
 
-def test_serving_framework_sets_the_kv_block_size(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_serving_framework_sets_the_kv_block_size(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     # TensorRT-LLM's paged KV cache counts 64-token blocks, vLLM 16; a key the user gives wins
     from sim.serving.config import parse_serving
+    from tests.test_cli_bad_input import serving_error
 
     assert parse_serving({}).block_size == 16
     assert parse_serving({"framework": "trtllm"}).block_size == 64
     assert parse_serving({"framework": "trtllm", "block_size": 32}).block_size == 32
-    path = tmp_path / "serve.toml"
-    path.write_text('[model]\nname = "llama3-8b"\n[cluster]\ngpu = "h100-sxm-80gb"\nnum_gpus = 1\n'
-                    '[serving]\nframework = "trtllm"\nblock_size = 0\n'
-                    '[workload]\narrival = "offline"\nnum_requests = 2\nprompt_tokens = 64\noutput_tokens = 4\n')
-    out = subprocess.run([sys.executable, "-m", "sim", "simulate", str(path)], capture_output=True, text=True)
-    assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == "error: [serving] block_size = 0 must be an integer >= 1"
+    err = serving_error(capsys, tmp_path, 'framework = "trtllm"\nblock_size = 0')
+    assert err == "error: [serving] block_size = 0 must be an integer >= 1"
 
 
 def _fp8(**training) -> dict:

@@ -119,22 +119,30 @@ def test_expert_all_to_all_moves_the_sequence_parallel_shard() -> None:
     assert dispatch_bytes(False) == 2 * dispatch_bytes(True)
 
 
+
+def _tp4_h100(*, overlap: bool, overlap_slowdown: float | None = None):  # type: ignore[no-untyped-def]
+    """GPT-3 1.7B on 4 H100 at TP 4 with sequence parallelism: its setup, its TP links and a bf16 op timer."""
+    from workloads.graph import Op
+
+    parallel = {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": overlap}
+    if overlap_slowdown is not None:
+        parallel["overlap_slowdown"] = overlap_slowdown
+    setup = parse_training({
+        "model": {"name": "gpt3-1.7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
+        "training": {"seq_len": 2048, "global_batch": 4}, "parallel": parallel,
+    })
+    links = group_links(setup, 0)
+
+    def seconds(op: Op) -> float:
+        return costmodel.op_time_s(op, setup.cluster.gpu, precision="bf16", links=links)
+
+    return setup, links, seconds
+
 def test_tp_overlap_pairs_each_collective_with_its_gemm() -> None:
     from sim.training.costs import price_pass
     from workloads.graph import Op
 
-    config = {
-        "model": {"name": "gpt3-1.7b"},
-        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
-        "training": {"seq_len": 2048, "global_batch": 4},
-        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, "overlap_slowdown": 1.0},
-    }
-    setup = parse_training(config)
-    links = group_links(setup, 0)
-    gpu = setup.cluster.gpu
-
-    def seconds(op: Op) -> float:
-        return costmodel.op_time_s(op, gpu, precision="bf16", links=links)
+    setup, links, seconds = _tp4_h100(overlap=True, overlap_slowdown=1.0)
 
     ag = Op(name="attention_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=64e6)
     rs = Op(name="attention_reduce_scatter", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=64e6)
@@ -164,17 +172,7 @@ def test_tp_overlap_runs_its_gemms_as_transformer_engine_does() -> None:
     from sim.training.costs import price_pass
     from workloads.graph import Op
 
-    setup = parse_training({
-        "model": {"name": "gpt3-1.7b"},
-        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
-        "training": {"seq_len": 2048, "global_batch": 4},
-        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": True, "overlap_slowdown": 1.25},
-    })
-    links = group_links(setup, 0)
-    gpu = setup.cluster.gpu
-
-    def seconds(op: Op) -> float:
-        return costmodel.op_time_s(op, gpu, precision="bf16", links=links)
+    setup, links, seconds = _tp4_h100(overlap=True, overlap_slowdown=1.25)
 
     ag = Op(name="mlp_all_gather", kind="collective", collective="all_gather", axis="tp", message_bytes=8e6)
     rs = Op(name="mlp_reduce_scatter", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
@@ -194,11 +192,7 @@ def test_tp_overlap_runs_its_gemms_as_transformer_engine_does() -> None:
     assert whole.compute_s == pytest.approx(1.25 * seconds(up), rel=1e-12)
     assert whole.exposed_comm_s["tp"] == 0.0
     # without overlap the GEMMs run whole on every SM and the collectives block
-    plain = parse_training({
-        "model": {"name": "gpt3-1.7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
-        "training": {"seq_len": 2048, "global_batch": 4},
-        "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": False},
-    })
+    plain, _, _ = _tp4_h100(overlap=False)
     blocked = price_pass(plain, [down, rs], links)
     assert blocked.compute_s == pytest.approx(seconds(down), rel=1e-12)
     assert blocked.exposed_comm_s["tp"] == pytest.approx(seconds(rs), rel=1e-12)
@@ -211,19 +205,8 @@ def test_sequence_parallel_regather_hides_behind_its_input_gradient_gemm() -> No
     from sim.training.costs import price_pass
     from workloads.graph import Op
 
-    def setup_with(overlap: bool):  # type: ignore[no-untyped-def]
-        return parse_training({
-            "model": {"name": "gpt3-1.7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
-            "training": {"seq_len": 2048, "global_batch": 4},
-            "parallel": {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": overlap, "overlap_slowdown": 1.25},
-        })
-
-    plain, ub = setup_with(False), setup_with(True)
-    links = group_links(plain, 0)
-    gpu = plain.cluster.gpu
-
-    def seconds(op: Op) -> float:
-        return costmodel.op_time_s(op, gpu, precision="bf16", links=links)
+    plain, links, seconds = _tp4_h100(overlap=False, overlap_slowdown=1.25)
+    ub, _, _ = _tp4_h100(overlap=True, overlap_slowdown=1.25)
 
     regather = Op(name="mlp_all_gather_regather", kind="collective", collective="all_gather", axis="tp", message_bytes=8e6)
     rs = Op(name="mlp_all_gather_backward", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
