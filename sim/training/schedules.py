@@ -835,17 +835,20 @@ def _started(current: np.ndarray, stop: np.ndarray, dep: np.ndarray, ends: np.nd
     """(lanes, ops, the ops they wait for) of the ops that start at step ``t``: every unfinished
     lane's next op (``current``, lanes end at ``stop``) whose input (``dep``) has ended (``ends``);
     None when every lane is done. Raises ``_Deadlock`` when no lane can go on."""
-    active = np.flatnonzero(current < stop)
+    active = (current < stop).nonzero()[0]
     if not len(active):
         return None
     op = current[active]
     waits = dep[op]
     ready = ends[waits] <= t
-    if not ready.all():
-        if not ready.any():
+    if not _all(ready):
+        if not _any(ready):
             raise _Deadlock(active, op)
         active, op, waits = active[ready], op[ready], waits[ready]
     return active, op, waits
+
+
+_all, _any = np.logical_and.reduce, np.logical_or.reduce  # (the ufuncs, without ndarray.all's wrapper)
 
 
 def _deadlock(programs: list[Program], table: _Lanes, stuck: _Deadlock) -> list[Execution]:
@@ -950,14 +953,15 @@ def _execute_rows(
 
 
 # ``_execute_packed``: a path at one weighting as one int64, its weighted time in the high bits
-# (from bit 42) and its F, B and W counts in 14 bits each below, so that comparing two paths' times
-# is one comparison (a >= b & ~_COUNT_MASK compares the times: the counts are below 2**42) and
-# extending a path by an op one addition. Exact while counts stay below 2**14 (a path's ops are at
-# most the steps run, checked) and times below 2**21 (10 per op: implied).
+# (from bit 43) and its F, B and W counts in 14 bits each below bit 42, so that extending a path by
+# an op is one addition and taking the longer of two paths one ``np.maximum``: bit 42 (``_TIE``),
+# clear in every stored path, is set in the lane's own path before the comparison, so that on equal
+# times it wins whatever the counts (and is cleared after). Exact while counts stay below 2**14 (a
+# path's ops are at most the steps run, checked) and times below 2**20 (10 per op: implied).
 _COUNT_BITS = 14
 _PACKED_STEPS = 1 << _COUNT_BITS
-_TIME_SHIFT = 3 * _COUNT_BITS
-_COUNT_MASK = (1 << _TIME_SHIFT) - 1
+_TIE = 1 << 3 * _COUNT_BITS
+_TIME_SHIFT = 3 * _COUNT_BITS + 1
 # non-split programs run F and fused B + W only: their paths have as many B as W ops, so weighting
 # (2, b, w) gives every path the time of (2, b + w) on one fused pass: one weighting per distinct b + w
 _FUSED_WEIGHTS = tuple(sorted({b + w for _, b, w in _WEIGHTS}))
@@ -993,13 +997,15 @@ def _execute_packed(
     ends[n] = -1
     current = first.copy()  # per lane, its next op
     stop = first + counts
-    high = ~np.int64(_COUNT_MASK)
+    tie, untie = np.int64(_TIE), ~np.int64(_TIE)
     t = 0
     while (started := _started(current, stop, dep, ends, t)) is not None:
         active, op, waits = started
-        own, other = paths[prev[op]], paths[waits]
-        longer = np.where(own >= (other & high), own, other)
-        longer += steps[kind[op]]
+        longer = paths.take(prev[op], axis=0)  # the lane's own path
+        longer |= tie  # wins ties
+        np.maximum(longer, paths.take(waits, axis=0), out=longer)
+        longer += steps.take(kind[op], axis=0)
+        longer &= untie
         paths[op] = longer
         ends[op] = t + 1
         current[active] += 1
