@@ -368,7 +368,9 @@ def fp8_passes(
     (``fp8_cast_fusion``), which then pays the fp8 transpose in backward; otherwise it is a separate
     kernel. Current scaling adds an amax pass to every cast but a fusing norm's, which takes the
     amax itself. Router and attention products stay 16-bit (``FP8_BF16_GEMMS``); the LM head does
-    too (``end_ops`` builds it with 16-bit weights)."""
+    too (``end_ops`` builds it with 16-bit weights). With ``fp8_backward_accumulation = "split"``
+    the fp8 dgrad and wgrad GEMMs run with the split accumulator (``hardware.cost.gemm_time_s``: the
+    fp8 MAMF rate, without the fast-accumulation speedup)."""
     current = setup.fp8_recipe == "current"
     fusing = FP8_FUSED_PRODUCERS[setup.fp8_cast_fusion]
 
@@ -413,8 +415,17 @@ def fp8_passes(
                 producer = op.name
         return out, fused_inputs
 
+    def accumulate(ops: list[Op]) -> list[Op]:
+        # the dgrad and wgrad GEMMs of the fp8 layers promote their partial sums to fp32 where the
+        # stack runs them with the split accumulator; recomputed forward GEMMs keep fast accumulation
+        if setup.fp8_backward_accumulation != "split":
+            return ops
+        return [replace(op, split_accumulator=True)
+                if op.kind == "gemm" and not op.precision and op.name.endswith(("_dgrad", "_wgrad")) else op
+                for op in ops]
+
     forward, fused_inputs = with_casts(keep_16bit(forward), gradient=False)
-    b_ops, _ = with_casts(keep_16bit(b_ops), gradient=True)
+    b_ops = accumulate(with_casts(keep_16bit(b_ops), gradient=True)[0])
     if fused_inputs:
         # the fp8 transposes of the fused producers' outputs, before their GEMMs' weight gradients
         gemms = {op.name: op for op in forward if op.kind == "gemm"}
@@ -422,7 +433,7 @@ def fp8_passes(
                          bytes_moved=FP8_TRANSPOSE_BYTES * gemms[name].m * gemms[name].k * gemms[name].batch)
                       for name in gemms if name in fused_inputs]
         w_ops = transposes + w_ops
-    return forward, b_ops, keep_16bit(w_ops)
+    return forward, b_ops, accumulate(keep_16bit(w_ops))
 
 
 def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
