@@ -1068,7 +1068,7 @@ class ProgramGraph:
         bounds = self.bounds
         for lo, hi in zip(bounds[:-1], bounds[1:]):  # a level's ops: the range lo:hi
             level = end[lo:hi]
-            np.maximum(end[prev[lo:hi]], end[dep[lo:hi]], out=level)
+            np.maximum(end.take(prev[lo:hi], axis=0), end.take(dep[lo:hi], axis=0), out=level)
             level += duration[lo:hi]
         return end[self.level_first_dep], end[self.level_last]
 
