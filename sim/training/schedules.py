@@ -696,11 +696,12 @@ def _pareto_lanes(counts: np.ndarray) -> list[tuple[Vector, ...]]:
     code.sort(axis=1)
     distinct = np.ones(code.shape, dtype=bool)
     distinct[:, 1:] = code[:, 1:] != code[:, :-1]
-    rows = np.stack([code >> 42, (code >> 21) & (1 << 21) - 1, code & (1 << 21) - 1], axis=2)
     # a row is dominated when another distinct row is >= in every count (the row itself is one such)
-    covering = ((rows[:, None, :, :] >= rows[:, :, None, :]).all(axis=3) & distinct[:, None, :]).sum(axis=2)
+    f, b, w = code >> 42, (code >> 21) & (1 << 21) - 1, code & (1 << 21) - 1
+    covering = ((f[:, None, :] >= f[:, :, None]) & (b[:, None, :] >= b[:, :, None]) & (w[:, None, :] >= w[:, :, None])
+                & distinct[:, None, :]).sum(axis=2)
     lanes, columns = np.nonzero(distinct & (covering == 1))
-    kept = rows[lanes, columns]
+    kept = np.stack([f[lanes, columns], b[lanes, columns], w[lanes, columns]], axis=1)
     order = np.argsort((lanes << 24) | ((1 << 23) - kept.sum(axis=1)), kind="stable")
     lanes = lanes[order]
     vectors = list(map(tuple, kept[order].tolist()))
