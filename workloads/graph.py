@@ -61,6 +61,7 @@ class Op:
     precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
     kernel_rate: float = 1.0  # attention: a further factor on the kernel's compute rate (dropout inside it)
     kernel: str = "flash"  # attention: the fused kernel family (hardware.cost.ATTENTION_KERNELS)
+    split_accumulator: bool = False  # fp8 gemm: promotes partial sums to fp32 (no fast accumulation)
 
     @property
     def gemm_flops(self) -> float:
