@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hardware import units
-from hardware.catalog import CATALOG_DIR, default_catalog, load_catalog
+from hardware.catalog import CATALOG_DIR, default_catalog, get_gpu, load_catalog
 from hardware.errors import CatalogError
 
 CATALOG = default_catalog()
@@ -395,3 +395,28 @@ def test_loader_checks_the_sustained_clock(catalog_copy: Path, old: str, new: st
     path.write_text(text.replace(old, new))
     with pytest.raises(CatalogError, match=message):
         load_catalog(catalog_copy)
+
+
+@pytest.mark.parametrize(
+    "old,new,message",
+    [
+        ("reported_memory_MiB = 81559", "reported_memory_MiB = 82000",
+         "reported_memory = 82000 MiB must be at most hbm_capacity = 81920 MiB"),
+        ('reported_memory_source = "', 'notes = "', "reported_memory needs reported_memory_source"),
+    ],
+)
+def test_loader_checks_the_reported_memory(catalog_copy: Path, old: str, new: str, message: str) -> None:
+    path = catalog_copy / "gpus" / "h100_sxm_80gb.toml"
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    with pytest.raises(CatalogError, match=message):
+        load_catalog(catalog_copy)
+
+
+def test_engine_memory_is_the_reported_total_where_given() -> None:
+    """Serving engines size their KV cache from the memory the driver reports: 81,559 MiB on an H100
+    SXM 80GB (nvidia-smi / NVML), the datasheet capacity where the catalog gives no reported figure."""
+    h100, a100 = get_gpu("h100-sxm-80gb"), get_gpu("a100-sxm-80gb")
+    assert h100.engine_memory_bytes == 81559 * units.MiB < h100.hbm_capacity_bytes == 80 * units.GiB
+    assert a100.reported_memory_bytes is None and a100.engine_memory_bytes == a100.hbm_capacity_bytes
