@@ -167,7 +167,7 @@ def _check_positive_int(name: str, value: int) -> None:
 
 def _gemm_plan(
     gpu: GpuSpec, m: int, n: int, k: int, *, batch: int, peak_flops_per_s: float, bytes_moved: float | None,
-    precision: str = "bf16",
+    precision: str = "bf16", split_accumulator: bool = False,
 ) -> tuple[float, float]:
     """(kernel seconds without launch, MMA-loop fraction of peak) of the fastest split-K plan.
 
@@ -186,7 +186,7 @@ def _gemm_plan(
     padded_m = tiles_m * tile_m
     if stream_k and m > GEMM_TILE_M:
         padded_m = -(-m // GEMM_HOPPER_ROW_GRANULARITY) * GEMM_HOPPER_ROW_GRANULARITY
-    base_eff = gpu.efficiency.gemm_fraction(precision) * sustained_clock_factor(gpu) * (m * n) / (padded_m * tiles_n * tile_n)
+    base_eff = gpu.efficiency.gemm_fraction(precision, split_accumulator=split_accumulator) * sustained_clock_factor(gpu) * (m * n) / (padded_m * tiles_n * tile_n)
     tiles = tiles_m * tiles_n * batch
     sms = gpu.sm_count
     flops = 2.0 * m * n * k * batch
@@ -216,11 +216,14 @@ def _gemm_plan(
     return best_s, best_eff
 
 
-def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, precision: str | None = None) -> float:
+def gemm_efficiency(
+    gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, precision: str | None = None, split_accumulator: bool = False,
+) -> float:
     """Achieved fraction of dense peak of the MMA loop for ``batch`` (m x k) @ (k x n) GEMMs, compute
     side only (memory traffic ignored), for the split-K plan that minimizes compute plus reduction time.
 
-    efficiency.gemm (efficiency.gemm_fp8 for fp8, when measured) x sustained clock factor
+    efficiency.gemm (for fp8, when measured: efficiency.gemm_fp8, times gemm_fp8_fast_accumulation
+    unless ``split_accumulator``) x sustained clock factor
     (``sustained_clock_factor``) x tile quantization x wave x k ramp:
     - tile: useful m n / padded m x padded n (rows padded to 64 on stream-K architectures once m > 128);
     - wave: work units u = tiles x s; u / (ceil(u / SMs) x SMs), or 1 once u >= SMs under stream-K;
@@ -230,7 +233,7 @@ def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, pre
     if precision is None:
         precision = "bf16" if "bf16" in gpu.peak_flops_per_s else "fp16"
     return _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=None,
-                      precision=precision)[1]
+                      precision=precision, split_accumulator=split_accumulator)[1]
 
 
 def gemm_time_s(
@@ -242,16 +245,22 @@ def gemm_time_s(
     precision: str,
     bytes_per_element: float,
     batch: int = 1,
+    split_accumulator: bool = False,
 ) -> float:
     """``batch`` independent (m x k) @ (k x n) matmuls at ``precision``; operands and output of
     ``bytes_per_element`` each. The fastest split-K plan of max(compute, weight streaming) plus its
     reduction (see ``_gemm_plan``), plus launch. Inside a calibration profile's GEMM coverage the
-    kernel seconds are divided by the measured / analytic efficiency ratio at this shape."""
+    kernel seconds are divided by the measured / analytic efficiency ratio at this shape.
+
+    ``split_accumulator``: an fp8 GEMM that promotes its partial sums to fp32 (Transformer Engine's
+    dgrad and wgrad, torchao's grad_input and grad_weight) runs at ``efficiency.gemm_fp8`` instead of
+    the fast-accumulation rate; a profile's fp8 surface, fitted on fast-accumulation tables against
+    the fast-accumulation analytic rate, scales both alike."""
     if bytes_per_element <= 0:
         raise ValueError(f"bytes_per_element = {bytes_per_element} must be > 0")
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element * batch
     kernel_s, _ = _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=bytes_moved,
-                             precision=precision)
+                             precision=precision, split_accumulator=split_accumulator)
     calibration = gpu.calibration
     if calibration is not None:
         ratio = calibration.gemm_ratio(precision, m, n, k, batch)

@@ -123,7 +123,7 @@ def _op_time_s(
     if op.kind == "gemm":
         return cost.gemm_time_s(
             gpu, op.m, op.n, op.k, precision=op.precision or precision, bytes_per_element=gemm_bytes_per_element(op),
-            batch=op.batch,
+            batch=op.batch, split_accumulator=op.split_accumulator,
         )
     if op.kind == "attention":
         if not op.sequences:

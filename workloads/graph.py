@@ -60,6 +60,7 @@ class Op:
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
     precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
     kernel_rate: float = 1.0  # attention: compute rate of the kernel implementation relative to FlashAttention-2
+    split_accumulator: bool = False  # fp8 gemm: promotes partial sums to fp32 (no fast accumulation)
 
     @property
     def gemm_flops(self) -> float:

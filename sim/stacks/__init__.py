@@ -36,6 +36,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "optimizer_kernels": ("training", ("fused", "per_op")),
         "linear_bias": ("training", ("fused", "unfused")),
         "fp8_recipe": ("training", ("delayed", "current")),
+        "fp8_backward_accumulation": ("training", ("split", "fast")),
         "fp8_params": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
         "dp_comm_overlap": ("parallel", bool),

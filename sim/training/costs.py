@@ -349,7 +349,9 @@ def fp8_passes(
     transposed copy wgrad needs) and so is its output gradient before dgrad/wgrad, fused into the
     producing norm/activation kernel where TE fuses it (delayed scaling) and a separate kernel
     otherwise; current scaling adds an amax pass to every cast. Router and attention products stay
-    16-bit (``FP8_BF16_GEMMS``); the LM head does too (``end_ops`` builds it with 16-bit weights)."""
+    16-bit (``FP8_BF16_GEMMS``); the LM head does too (``end_ops`` builds it with 16-bit weights).
+    With ``fp8_backward_accumulation = "split"`` the fp8 dgrad and wgrad GEMMs run with the split
+    accumulator (``hardware.cost.gemm_time_s``: the fp8 MAMF rate, without the fast-accumulation speedup)."""
     current = setup.fp8_recipe == "current"
 
     def cast_bytes(producer: str, gradient: bool) -> float:
@@ -387,9 +389,18 @@ def fp8_passes(
                 producer = op.name
         return out
 
+    def accumulate(ops: list[Op]) -> list[Op]:
+        # the dgrad and wgrad GEMMs of the fp8 layers promote their partial sums to fp32 where the
+        # stack runs them with the split accumulator; recomputed forward GEMMs keep fast accumulation
+        if setup.fp8_backward_accumulation != "split":
+            return ops
+        return [replace(op, split_accumulator=True)
+                if op.kind == "gemm" and not op.precision and op.name.endswith(("_dgrad", "_wgrad")) else op
+                for op in ops]
+
     forward = with_casts(keep_16bit(forward), gradient=False)
-    b_ops = with_casts(keep_16bit(b_ops), gradient=True)
-    return forward, b_ops, keep_16bit(w_ops)
+    b_ops = accumulate(with_casts(keep_16bit(b_ops), gradient=True))
+    return forward, b_ops, accumulate(keep_16bit(w_ops))
 
 
 def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:

@@ -167,6 +167,27 @@ def test_fp8_cast_kernels_follow_transformer_engine_fusion() -> None:
     assert [op.precision for op in head if op.kind == "gemm"] == ["bf16"]
 
 
+def test_fp8_backward_gemms_run_with_the_split_accumulator() -> None:
+    # Transformer Engine: _2X_ACC_DGRAD = _2X_ACC_WGRAD = True, fprop fast; every training profile "split"
+    forward, backward, weight = layer_passes(parse_training(_fp8()), moe=False)
+    gemms = [op for op in forward + backward + weight if op.kind == "gemm"]
+    split = {op.name for op in gemms if op.split_accumulator}
+    fp8_backward = {op.name for op in gemms if not op.precision and op.name.endswith(("_dgrad", "_wgrad"))}
+    assert split == fp8_backward and len(split) == 8  # qkv, out_proj, mlp_up, mlp_down: dgrad + wgrad
+    assert not any(op.split_accumulator for op in forward)
+    # attention products stay 16-bit and keep the flag off
+    assert all(not op.split_accumulator for op in gemms if op.precision == "bf16")
+    for config in (_fp8(fp8_backward_accumulation="fast"), _fp8(precision="bf16")):
+        f, b, w = layer_passes(parse_training(config), moe=False)
+        assert not any(op.split_accumulator for op in f + b + w)
+    for name in ("megatron-core", "nemo", "megatron-bridge", "torchtitan", "llm-foundry"):
+        assert parse_training(_fp8(framework=name)).fp8_backward_accumulation == "split"
+    # the split backward is slower than the same run with fast accumulation everywhere
+    slow = simulate_training(_fp8(), RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
+    fast = simulate_training(_fp8(fp8_backward_accumulation="fast"), RunOptions(fidelity="analytic")).metrics()
+    assert fast["iteration_time_s"] < slow
+
+
 def test_fp8_saves_linear_inputs_in_fp8() -> None:
     from sim.training.activations import activation_bytes_per_layer
 
