@@ -98,6 +98,9 @@ def test_fp8_gemm_rows_less_their_activation_quantization(system) -> None:
     assert fp8["latency_s"].tolist() == pytest.approx([0.10e-3])
     assert len(out) == len(frame)
     assert out[out["precision"] != "fp8"]["latency_s"].tolist() == frame[frame["precision"] != "fp8"]["latency_s"].tolist()
+    # the import does it itself once the system has the quantize tables
+    imported = import_system(system)
+    assert imported[imported["precision"] == "fp8"]["latency_s"].tolist() == pytest.approx([0.10e-3])
     # a row the quantization dominates (GEMM under a quarter of the call) is dropped
     _write(system, "quantize/trtllm/1.3.0/scale_matrix_perf.parquet", [{**prov, "op_name": "scale_matrix", "latency": 0.12}])
     assert len(without_activation_quantization(frame, system, "trtllm")) == len(frame) - 1

@@ -11,7 +11,8 @@ activation quantization (H100: 2048x4096x4096 fp8 runs at 1.12x the bf16 speed, 
 which llmsim's training prices as separate cast ops and TensorRT-LLM's engines fuse into the norm
 before the GEMM, so the fp8 surface is fitted on the GEMM alone: each row less the same
 quantization op timed at its (m, k) in the package's quantize tables
-(``aiconfigurator.without_activation_quantization``; 8192^3 then runs at 1.98x the bf16 speed).
+(``aiconfigurator.without_activation_quantization``, applied by ``import_system``; 8192^3 then runs
+at 1.98x the bf16 speed).
 Those GEMMs run cuBLAS with fast accumulation (TensorRT-LLM tests/unittest/_torch/thop/
 test_scaled_mm.py: cublas_scaled_mm equals torch._scaled_mm(use_fast_accum=True)), the analytic
 fp8 rate the surface is fitted against (``hardware.cost.gemm_time_s``).
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from hardware.calibration import SHIPPED_DIR, profile_toml
 from hardware.catalog import analytic_gpu
-from validation.calibration.aiconfigurator import SYSTEM_GPUS, import_system, without_activation_quantization
+from validation.calibration.aiconfigurator import SYSTEM_GPUS, import_system
 from validation.calibration.fit import fit_profile
 
 PACKAGE = "aiconfigurator-core 0.12.0 (PyPI, Apache-2.0)"
@@ -46,8 +47,7 @@ def ship(data_dir: Path, out_dir: Path = SHIPPED_DIR) -> list[Path]:
         framework = "trtllm" if (frame["framework"] == "trtllm").any() else None
         stack = framework or "largest per op"
         precisions = SHIPPED_GEMM_PRECISIONS
-        if system in FP8_GEMM_SYSTEMS and framework is not None:
-            frame = without_activation_quantization(frame, folder, framework)
+        if system in FP8_GEMM_SYSTEMS and framework is not None:  # import_system made them the GEMM alone
             precisions = (*precisions, "fp8")
         profile = fit_profile(frame, analytic_gpu(gpu), framework=framework, gemm_precisions=precisions,
                               source=f"{PACKAGE} systems/data/{system}, stack {stack}")
