@@ -39,6 +39,8 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_backward_accumulation": ("training", ("split", "fast")),
         "fp8_params": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
+        "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none")),
+        "cross_entropy": ("training", ("unfused", "native", "te")),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
         "pipeline_p2p": ("parallel", ("overlapped", "blocking")),
