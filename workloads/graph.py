@@ -59,7 +59,8 @@ class Op:
     recompute: bool = False  # re-run of a forward op inside the backward pass
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
     precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
-    kernel_rate: float = 1.0  # attention: compute rate of the kernel implementation relative to FlashAttention-2
+    kernel_rate: float = 1.0  # attention: a further factor on the kernel's compute rate (dropout inside it)
+    kernel: str = "flash"  # attention: the fused kernel family (hardware.cost.ATTENTION_KERNELS)
     split_accumulator: bool = False  # fp8 gemm: promotes partial sums to fp32 (no fast accumulation)
 
     @property

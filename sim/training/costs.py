@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from hardware.cost import ATTENTION_FA1_RATE
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
@@ -187,8 +186,8 @@ def layer_passes(
         causal=causal,
         fused_attention=setup.fused_attention,
     )
-    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
-        forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
+    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel (hardware.cost.attention_fa1_rate)
+        forward = [replace(op, kernel="flash1") if op.kind == "attention" else op for op in forward]
     if job.dropout > 0.0:
         forward = with_dropout(setup, forward)
     if setup.attention_kernel == "unfused":

@@ -344,16 +344,14 @@ def test_fp8_primary_weights_drop_the_16_bit_copy_of_matmul_weights() -> None:
 
 
 def test_llm_foundry_runs_an_fa1_class_attention_kernel() -> None:
-    from hardware.cost import ATTENTION_FA1_RATE
-
     setup = parse_training({**_config(framework="llm-foundry", precision="bf16"), "parallel": {"tp": 1, "pp": 1, "zero": 3}})
     assert setup.attention_kernel == "flash1" and setup.fused_attention
     forward, backward, _ = layer_passes(setup, moe=False)
     attention = [op for op in forward + backward if op.kind == "attention"]
-    assert len(attention) == 2 and all(op.kernel_rate == ATTENTION_FA1_RATE for op in attention)
+    assert len(attention) == 2 and all(op.kernel == "flash1" and op.kernel_rate == 1.0 for op in attention)
     fa2 = parse_training({**_config(framework="llm-foundry", precision="bf16", attention_kernel="flash"),
                           "parallel": {"tp": 1, "pp": 1, "zero": 3}})
-    assert all(op.kernel_rate == 1.0 for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
+    assert all(op.kernel == "flash" for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
 
 
 def test_fp8_bf16_edge_layers_run_16_bit_gemms() -> None:
