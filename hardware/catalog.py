@@ -99,6 +99,7 @@ def _gpu(t: _Table) -> GpuSpec:
         source=eff.take("source", str),
         gemm_memory=eff.take("gemm_memory", float, default=None),
         gemm_fp8=eff.take("gemm_fp8", float, default=None),
+        gemm_fp8_fast_accumulation=eff.take("gemm_fp8_fast_accumulation", float, default=1.0),
     )
     eff.done()
     price = t.sub("price", optional=True)

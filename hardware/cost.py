@@ -80,11 +80,24 @@ ATTENTION_FWD_RATE_FACTOR = (1.0 + 2.5 / ATTENTION_BWD_OVER_FWD_RATE) / 3.5
 ATTENTION_BWD_RATE_FACTOR = ATTENTION_FWD_RATE_FACTOR * ATTENTION_BWD_OVER_FWD_RATE
 ATTENTION_BACKWARD_FLOP_RATIO = 2.5  # FA2 counting: backward = 2.5 x forward FLOPs (fwd+bwd = 3.5 x fwd)
 # A FlashAttention-1-class kernel (FA1, and the 2022 Triton kernel, which matches FA1 on A100: hd64
-# non-causal 90-102 vs FA1 91-110 TFLOP/s) relative to the FA2 rate this model is fitted to: the
-# mean FA1 / FA2 fwd+bwd ratio of the causal hd64 and hd128 bars at seq 512..16k is 0.53 on A100
-# (0.44-0.66) and 0.53 on H100 (0.41-0.74) (Dao-AILab/flash-attention flash2_{a100,h100}_fwd_bwd_benchmark.png,
-# reference/microbenchmarks.md C1).
-ATTENTION_FA1_RATE = 0.53
+# non-causal 90-102 vs FA1 91-110 TFLOP/s) relative to the FA2 rate this model is fitted to, by head
+# dim: the mean FA1 / FA2 fwd+bwd ratio of the causal bars at seq 512..16k is 0.580 (A100) and 0.599
+# (H100) at hd64 but 0.464 on both at hd128 (Dao-AILab/flash-attention
+# flash2_{a100,h100}_fwd_bwd_benchmark.png, reference/microbenchmarks.md C1): FA2's gain over FA1
+# grows with the head dim. Linear in the head dim between the two bars, held outside them.
+ATTENTION_FA1_RATE_BY_HEAD_DIM = ((64, 0.59), (128, 0.464))
+# Fused attention kernel families: "flash" (FlashAttention-2 / cuDNN / the serving engines' own
+# kernels: the rate fitted above, and a calibration profile's measured attention rows apply) and
+# "flash1" (FlashAttention-1-class: ``attention_fa1_rate`` x the FA2 rate; a profile's rows measure
+# another kernel, e.g. TensorRT-LLM's context FMHA, and do not apply to it).
+ATTENTION_KERNELS = ("flash", "flash1")
+
+
+def attention_fa1_rate(head_dim: float) -> float:
+    """Compute rate of a FlashAttention-1-class kernel relative to FA2 at this head dim."""
+    (d0, r0), (d1, r1) = ATTENTION_FA1_RATE_BY_HEAD_DIM
+    d = min(max(float(head_dim), d0), d1)
+    return r0 + (r1 - r0) * (d - d0) / (d1 - d0)
 
 
 def launch_overhead_s(gpu: GpuSpec) -> float:
@@ -167,7 +180,7 @@ def _check_positive_int(name: str, value: int) -> None:
 
 def _gemm_plan(
     gpu: GpuSpec, m: int, n: int, k: int, *, batch: int, peak_flops_per_s: float, bytes_moved: float | None,
-    precision: str = "bf16",
+    precision: str = "bf16", split_accumulator: bool = False,
 ) -> tuple[float, float]:
     """(kernel seconds without launch, MMA-loop fraction of peak) of the fastest split-K plan.
 
@@ -186,7 +199,7 @@ def _gemm_plan(
     padded_m = tiles_m * tile_m
     if stream_k and m > GEMM_TILE_M:
         padded_m = -(-m // GEMM_HOPPER_ROW_GRANULARITY) * GEMM_HOPPER_ROW_GRANULARITY
-    base_eff = gpu.efficiency.gemm_fraction(precision) * sustained_clock_factor(gpu) * (m * n) / (padded_m * tiles_n * tile_n)
+    base_eff = gpu.efficiency.gemm_fraction(precision, split_accumulator=split_accumulator) * sustained_clock_factor(gpu) * (m * n) / (padded_m * tiles_n * tile_n)
     tiles = tiles_m * tiles_n * batch
     sms = gpu.sm_count
     flops = 2.0 * m * n * k * batch
@@ -216,11 +229,14 @@ def _gemm_plan(
     return best_s, best_eff
 
 
-def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, precision: str | None = None) -> float:
+def gemm_efficiency(
+    gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, precision: str | None = None, split_accumulator: bool = False,
+) -> float:
     """Achieved fraction of dense peak of the MMA loop for ``batch`` (m x k) @ (k x n) GEMMs, compute
     side only (memory traffic ignored), for the split-K plan that minimizes compute plus reduction time.
 
-    efficiency.gemm (efficiency.gemm_fp8 for fp8, when measured) x sustained clock factor
+    efficiency.gemm (for fp8, when measured: efficiency.gemm_fp8, times gemm_fp8_fast_accumulation
+    unless ``split_accumulator``) x sustained clock factor
     (``sustained_clock_factor``) x tile quantization x wave x k ramp:
     - tile: useful m n / padded m x padded n (rows padded to 64 on stream-K architectures once m > 128);
     - wave: work units u = tiles x s; u / (ceil(u / SMs) x SMs), or 1 once u >= SMs under stream-K;
@@ -230,7 +246,7 @@ def gemm_efficiency(gpu: GpuSpec, m: int, n: int, k: int, *, batch: int = 1, pre
     if precision is None:
         precision = "bf16" if "bf16" in gpu.peak_flops_per_s else "fp16"
     return _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=None,
-                      precision=precision)[1]
+                      precision=precision, split_accumulator=split_accumulator)[1]
 
 
 def gemm_time_s(
@@ -242,16 +258,22 @@ def gemm_time_s(
     precision: str,
     bytes_per_element: float,
     batch: int = 1,
+    split_accumulator: bool = False,
 ) -> float:
     """``batch`` independent (m x k) @ (k x n) matmuls at ``precision``; operands and output of
     ``bytes_per_element`` each. The fastest split-K plan of max(compute, weight streaming) plus its
     reduction (see ``_gemm_plan``), plus launch. Inside a calibration profile's GEMM coverage the
-    kernel seconds are divided by the measured / analytic efficiency ratio at this shape."""
+    kernel seconds are divided by the measured / analytic efficiency ratio at this shape.
+
+    ``split_accumulator``: an fp8 GEMM that promotes its partial sums to fp32 (Transformer Engine's
+    dgrad and wgrad, torchao's grad_input and grad_weight) runs at ``efficiency.gemm_fp8`` instead of
+    the fast-accumulation rate; a profile's fp8 surface, fitted on fast-accumulation tables against
+    the fast-accumulation analytic rate, scales both alike."""
     if bytes_per_element <= 0:
         raise ValueError(f"bytes_per_element = {bytes_per_element} must be > 0")
     bytes_moved = (m * k + k * n + m * n) * bytes_per_element * batch
     kernel_s, _ = _gemm_plan(gpu, m, n, k, batch=batch, peak_flops_per_s=gpu.peak(precision), bytes_moved=bytes_moved,
-                             precision=precision)
+                             precision=precision, split_accumulator=split_accumulator)
     calibration = gpu.calibration
     if calibration is not None:
         ratio = calibration.gemm_ratio(precision, m, n, k, batch)
@@ -307,6 +329,7 @@ def attention_time_s(
     backward: bool = False,
     v_head_dim: int | None = None,
     kernel_rate: float = 1.0,
+    kernel: str = "flash",
 ) -> float:
     """One fused (FlashAttention-style) kernel over a varlen batch of ``sequences``.
 
@@ -322,7 +345,8 @@ def attention_time_s(
     the GPU's FA2 fwd+bwd asymptote at large head dim; the factors split it into forward and backward
     rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
-    ``kernel_rate``: the compute rate of this kernel implementation relative to FA2 (e.g. ATTENTION_FA1_RATE).
+    ``kernel_rate``: a further factor on the compute rate (e.g. dropout inside the kernel);
+    ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2).
     """
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
@@ -348,7 +372,7 @@ def attention_time_s(
         gpu, computed_keys=computed_keys, query_tokens=q_tokens, key_tokens=kv_tokens, heads=heads,
         kv_heads=kv_heads, head_dim=head_dim, precision=precision, bytes_per_element=bytes_per_element,
         backward=backward, v_head_dim=v_head_dim, num_sequences=len(sequences), causal=causal,
-        kernel_rate=kernel_rate,
+        kernel_rate=kernel_rate, kernel=kernel,
     )
 
 
@@ -376,14 +400,15 @@ def attention_time_from_totals_s(
     num_sequences: int | None = None,
     causal: bool = True,
     kernel_rate: float = 1.0,
+    kernel: str = "flash",
 ) -> float:
     """``attention_time_s`` from the three sums it depends on: keys processed
     (``attention_keys_processed`` summed over the sequences), query tokens and key tokens. A caller
     that keeps these sums incrementally gets the same seconds without a list of sequences; the sums
     are exact in floating point (every term is a multiple of 1/2 below 2^52), so the result is
     bit-identical to ``attention_time_s`` on the same batch. With ``num_sequences`` given and a
-    calibration profile covering the batch (causal forward prefill or decode), the kernel seconds are
-    divided by the profile's measured / analytic efficiency ratio."""
+    calibration profile covering the batch (causal forward prefill or decode), a "flash" kernel's
+    seconds are divided by the profile's measured / analytic efficiency ratio."""
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
     if head_dim < 1:
@@ -405,15 +430,17 @@ def attention_time_from_totals_s(
     work_flops = flop_ratio * 2.0 * heads * (head_dim + v_dim) * (computed_keys + query_tokens * overhead_keys)
     if not 0.0 < kernel_rate <= 1.0:
         raise ValueError(f"kernel_rate = {kernel_rate} must be in (0, 1]")
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"kernel = {kernel!r} must be one of {', '.join(ATTENTION_KERNELS)}")
     rate = attention_asymptote_flops_per_s(gpu, head_dim=head_dim, precision=precision, v_head_dim=v_dim) * rate_factor
-    rate *= kernel_rate
+    rate *= kernel_rate * (attention_fa1_rate((head_dim + v_dim) / 2.0) if kernel == "flash1" else 1.0)
     compute_s = work_flops / rate
     bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
         bytes_moved *= 2.0
     kernel_s = max(compute_s, hbm_time_s(gpu, bytes_moved))
     calibration = gpu.calibration
-    if calibration is not None and num_sequences is not None:
+    if calibration is not None and num_sequences is not None and kernel == "flash":
         ratio = calibration.attention_ratio(
             precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens, heads=heads,
             kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,

@@ -59,12 +59,20 @@ class EfficiencySpec:
     # None: the STREAM-copy ``memory`` fraction is used.
     gemm_memory: float | None = None
     # Best-case fp8 GEMM FLOP/s / fp8 dense peak (fp8 MAMF); None: the bf16 ``gemm`` fraction is used.
+    # mamf-finder times ``torch._scaled_mm`` with its default ``use_fast_accum=False``: the fraction of
+    # an fp8 GEMM with the split accumulator (cuBLASLt FAST_ACCUM off: the tensor cores' partial sums
+    # are promoted to fp32 registers every few k-blocks).
     gemm_fp8: float | None = None
+    # Rate of an fp8 GEMM with fast accumulation (cuBLASLt CUBLASLT_MATMUL_DESC_FAST_ACCUM = 1: partial
+    # sums stay in the tensor cores' accumulator) over the split-accumulator rate ``gemm_fp8``; 1 where
+    # the tensor cores accumulate in fp32 anyway or no fp8 rate is measured.
+    gemm_fp8_fast_accumulation: float = 1.0
 
-    def gemm_fraction(self, precision: str) -> float:
-        """The best-case GEMM fraction of the dense peak at ``precision``."""
+    def gemm_fraction(self, precision: str, *, split_accumulator: bool = False) -> float:
+        """The best-case GEMM fraction of the dense peak at ``precision``; an fp8 GEMM runs at the
+        fast-accumulation rate unless ``split_accumulator``."""
         if precision == "fp8" and self.gemm_fp8 is not None:
-            return self.gemm_fp8
+            return self.gemm_fp8 if split_accumulator else self.gemm_fp8 * self.gemm_fp8_fast_accumulation
         return self.gemm
 
 

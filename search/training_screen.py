@@ -17,7 +17,7 @@ from sim.training.activations import inflight_microbatches
 from sim.training.memory import stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
 from sim.training.run import simulate_training
-from sim.training.schedules import placement_kind, prepare_program_profiles, program_profile
+from sim.training.schedules import build_programs, check_program, placement_kind, prepare_program_profiles
 from search.training_space import Candidate, Context, SetupBuilder, context_setup, rule_of
 from workloads.errors import InvalidPlanError
 
@@ -143,8 +143,10 @@ def prepare_programs(contexts: Sequence[Context], candidates: Sequence[Candidate
 def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candidate]) -> list[Screened]:
     """Prune or price every candidate of ``batch`` (a top-level function: picklable for pools and dask).
     Every rule but the last (the pipeline program) is checked first; the programs of the plans left
-    are computed together (``prepare_program_profiles``), then checked and bounded one by one, and
-    the plans left priced together (``estimate_trainings``)."""
+    are built together (``build_programs``: generated, not executed), then each plan's program
+    checked (the last rule) and its memory bounded (from what the built program holds), and only
+    the programs of the plans left executed, together (``prepare_program_profiles``), and those
+    plans priced together (``estimate_trainings``)."""
     worker = _worker(token, contexts)
     setups: list[TrainingSetup | Screened] = []
     for candidate in batch:
@@ -152,30 +154,34 @@ def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candid
             setups.append(worker.builders[candidate.context](candidate, check_program=False))
         except InvalidPlanError as exc:
             setups.append(Screened(rule_of(str(exc), worker.rules), None, None))
-    prepare_program_profiles(
-        (s.plan.schedule, s.plan.pp, s.num_microbatches, s.plan.virtual_stages) for s in setups
-        if isinstance(s, TrainingSetup)
-    )
+    build_programs(_setup_program_key(s) for s in setups if isinstance(s, TrainingSetup))
     out: list[Screened | TrainingSetup] = []
     for candidate, setup in zip(batch, setups):
         if isinstance(setup, Screened):
             out.append(setup)
             continue
-        plan = setup.plan
         try:
-            program_profile(plan.schedule, plan.pp, setup.num_microbatches, plan.virtual_stages)  # the last rule
+            check_program(*_setup_program_key(setup))  # the last rule
         except InvalidPlanError as exc:
             out.append(Screened(rule_of(str(exc), worker.rules), None, None))
             continue
         floor = memory_floor_bytes(setup, candidate, worker)
         out.append(Screened(MEMORY_RULE, floor, None) if floor > setup.cluster.gpu.hbm_capacity_bytes else setup)
+    left = [s for s in out if isinstance(s, TrainingSetup)]
+    prepare_program_profiles(_setup_program_key(s) for s in left)
     # the plans left, priced together (their per-stage longest paths in one pass per program)
-    priced = iter(estimate_trainings([s for s in out if isinstance(s, TrainingSetup)], worker.cache))
+    priced = iter(estimate_trainings(left, worker.cache))
     for i, setup in enumerate(out):
         if isinstance(setup, TrainingSetup):
             metrics = next(priced)
             out[i] = Screened(None, None, tuple(metrics[k] for k in SCREEN_METRICS))
     return out  # type: ignore[return-value]
+
+
+def _setup_program_key(setup: TrainingSetup) -> tuple[str, int, int, int]:
+    """(schedule, pp, micro-batches, virtual stages) of a setup's pipeline program."""
+    plan = setup.plan
+    return (plan.schedule, plan.pp, setup.num_microbatches, plan.virtual_stages)
 
 
 def price_candidate(token: str, contexts: Sequence[Context], candidate: Candidate) -> dict[str, Any]:

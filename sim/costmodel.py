@@ -80,8 +80,8 @@ def op_cost_source(op: Op, gpu: GpuSpec, *, precision: str, links: Mapping[str, 
         return ROOFLINE
     if op.kind == "gemm":
         covered = calibration.gemm_ratio(precision, op.m, op.n, op.k, op.batch) is not None
-    elif op.kind == "attention":
-        covered = bool(op.sequences) and calibration.attention_ratio(
+    elif op.kind == "attention":  # a profile's attention rows measure "flash"-family kernels only
+        covered = bool(op.sequences) and op.kernel == "flash" and calibration.attention_ratio(
             precision=attention_precision(precision), num_sequences=len(op.sequences),
             query_tokens=sum(q for q, _ in op.sequences), key_tokens=sum(kv for _, kv in op.sequences),
             heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim,
@@ -123,7 +123,7 @@ def _op_time_s(
     if op.kind == "gemm":
         return cost.gemm_time_s(
             gpu, op.m, op.n, op.k, precision=op.precision or precision, bytes_per_element=gemm_bytes_per_element(op),
-            batch=op.batch,
+            batch=op.batch, split_accumulator=op.split_accumulator,
         )
     if op.kind == "attention":
         if not op.sequences:
@@ -140,6 +140,7 @@ def _op_time_s(
             causal=op.causal,
             backward=op.backward,
             kernel_rate=op.kernel_rate,
+            kernel=op.kernel,
         )
     if op.kind == "memory":
         return cost.memory_op_time_s(gpu, op.bytes_moved)

@@ -59,7 +59,9 @@ class Op:
     recompute: bool = False  # re-run of a forward op inside the backward pass
     weight: bool = True  # gemm: the k x n operand is a weight (its gradient is W work, else B work)
     precision: str = ""  # gemm: the tensor-core precision when it differs from the run's ("" = the run's)
-    kernel_rate: float = 1.0  # attention: compute rate of the kernel implementation relative to FlashAttention-2
+    kernel_rate: float = 1.0  # attention: a further factor on the kernel's compute rate (dropout inside it)
+    kernel: str = "flash"  # attention: the fused kernel family (hardware.cost.ATTENTION_KERNELS)
+    split_accumulator: bool = False  # fp8 gemm: promotes partial sums to fp32 (no fast accumulation)
 
     @property
     def gemm_flops(self) -> float:
@@ -395,13 +397,37 @@ def embedding_ops(
 # 16 bits for the LM-head GEMMs (read 4, write 2): 14 bytes.
 CROSS_ENTROPY_FORWARD_BYTES = 6.0 + 4.0 + 8.0 + 8.0 + 4.0 + 8.0
 CROSS_ENTROPY_BACKWARD_BYTES = 8.0 + 6.0
+# Megatron-Core's fused cross-entropy (cross_entropy_loss_fusion, the "native" implementation:
+# megatron/core/fusions/fused_cross_entropy.py at core_r0.8.0) runs the same steps as three
+# torch.compile'd functions (megatron/core/jit.py: jit_fuser = torch.compile from torch 2.2), an
+# all-reduce between each: the fp32 copy and its max in one kernel (read 2, write 4), subtract, exp
+# and sum in one (read 4, write the exponentials back, 4), the division by the sum (4 + 4): 22
+# bytes; backward the gradient update and the cast to 16 bits in one kernel (read 4, write the
+# mutated fp32 softmax back, 4, and the 16-bit gradient, 2): 10 bytes.
+CROSS_ENTROPY_NATIVE_FORWARD_BYTES = 6.0 + 8.0 + 8.0
+CROSS_ENTROPY_NATIVE_BACKWARD_BYTES = 4.0 + 4.0 + 2.0
+# Transformer Engine's Triton cross-entropy (transformer_engine/pytorch/triton/cross_entropy.py at
+# v2.9, Megatron-Core cross_entropy_fusion_impl = "te"): online_softmax_kernel reads the 16-bit
+# logits once for the running max and sum, cross_entropy_kernel reads them again and writes the
+# gradient in place in their dtype (3 x 2 bytes); backward element_mul_kernel scales it by the
+# per-token loss gradient in place (2 + 2; skipped only for a scalar 1.0 gradient, not Megatron's
+# per-token loss).
+CROSS_ENTROPY_TE_FORWARD_BYTES = 2.0 + 2.0 + 2.0
+CROSS_ENTROPY_TE_BACKWARD_BYTES = 2.0 + 2.0
+# bytes per local logit (forward, backward) by implementation
+CROSS_ENTROPY_BYTES = {
+    "unfused": (CROSS_ENTROPY_FORWARD_BYTES, CROSS_ENTROPY_BACKWARD_BYTES),
+    "native": (CROSS_ENTROPY_NATIVE_FORWARD_BYTES, CROSS_ENTROPY_NATIVE_BACKWARD_BYTES),
+    "te": (CROSS_ENTROPY_TE_FORWARD_BYTES, CROSS_ENTROPY_TE_BACKWARD_BYTES),
+}
 
 
 def lm_head_ops(
     model: ModelSpec, *, tokens: int, sharding: Sharding, bytes_per_element: float, weight_bytes_per_element: float | None = None, loss: bool = True,
-    vocab_split: int = 1,
+    vocab_split: int = 1, cross_entropy: str = "unfused",
 ) -> list[Op]:
-    """Final norm, vocab-parallel LM head and (in training) the vocab-parallel cross-entropy.
+    """Final norm, vocab-parallel LM head and (in training) the vocab-parallel cross-entropy
+    (``cross_entropy``: its implementation, a key of ``CROSS_ENTROPY_BYTES``).
     ``vocab_split`` > 1: the vocabulary is also split over that many pipeline stages (Yeung et al.
     2024): the last transformer stage broadcasts the final hidden states to the pipeline group (its
     backward reduces their gradients back), each stage computes its shard of the logits and the
@@ -421,12 +447,13 @@ def lm_head_ops(
     ops.append(Op(name="lm_head", kind="gemm", m=tokens, n=vocab, k=model.hidden, bytes_per_element=a, weight_bytes_per_element=w))
     if loss:
         elements = tokens * vocab
+        forward_bytes, backward_bytes = CROSS_ENTROPY_BYTES[cross_entropy]
         ops.append(
             Op(
                 name="cross_entropy",
                 kind="memory",
-                bytes_moved=CROSS_ENTROPY_FORWARD_BYTES * elements,
-                backward_bytes_moved=CROSS_ENTROPY_BACKWARD_BYTES * elements,
+                bytes_moved=forward_bytes * elements,
+                backward_bytes_moved=backward_bytes * elements,
             )
         )
         if tp > 1:

@@ -110,7 +110,12 @@ LOGIT_BYTES = 4.0
 
 def compute_precision(weight_precision: str, activation_precision: str) -> str:
     """Peak the GEMMs run at: fp8 weights use fp8 tensor cores (W8A8, as TensorRT-LLM/vLLM FP8);
-    int8/int4 weight-only quantization dequantizes to the activation precision."""
+    int8/int4 weight-only quantization dequantizes to the activation precision. No separate
+    activation-quantization kernel is priced (shipped fp8 surfaces time the GEMM alone): TensorRT-LLM's
+    FP8Linear quantizes with the checkpoint's static input scale (a pointwise quantize layer, no amax
+    pass, which TensorRT can fuse into the kernel producing the input) and takes an fp8 input as it is
+    (tensorrt_llm/quantization/layers.py FP8Linear.forward). vLLM's dynamic per-tensor quantization
+    without its RMSNorm fusion is a kernel of its own, not modelled."""
     return "fp8" if weight_precision == "fp8" else activation_precision
 
 

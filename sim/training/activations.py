@@ -4,7 +4,7 @@ GQA, SwiGLU, MoE, FlashAttention, sequence and context parallelism and recomputa
 
 from __future__ import annotations
 
-from sim.training.schedules import plan_profile
+from sim.training.schedules import plan_occupancy
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob
 
@@ -129,7 +129,7 @@ def stored_activation_bytes(parts: tuple[float, float, float], recompute: str) -
 def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int) -> float:
     """Micro-batches whose activations a stage holds at its peak, in units of the whole stage's layers:
     the peak (micro-batch, chunk) activations held when the schedule's program runs
-    (``sim.training.schedules.program_profile``), divided by the chunks per stage.
+    (``sim.training.schedules.program_occupancy``), divided by the chunks per stage.
 
     Counted this way gpipe holds all m; 1f1b and zb-h1 min(pp - stage, m) (Narayanan et al. 2021;
     Qi et al. 2023 ZB-H1 keeps 1F1B's peak); interleaved with v chunks Megatron's warm-up of
@@ -140,7 +140,7 @@ def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int)
         raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches = {num_microbatches} must be >= 1")
-    return plan_profile(plan, num_microbatches).inflight_stages(stage)
+    return plan_occupancy(plan, num_microbatches).inflight_stages(stage)
 
 
 # ---- parameters ----------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers", "checkpoint",
+    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
+    "fp8_backward_accumulation", "cross_entropy", "fp8_cast_fusion", "checkpoint",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -115,6 +116,20 @@ class TrainingSetup:
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
     fp8_recipe: str = "delayed"
+    # fp8 casts Transformer Engine fuses into the kernel that produces a GEMM input (precision fp8):
+    # "norm_activation" (TE LayerNormLinear and LayerNormMLP: the norm and the MLP activation write
+    # fp8), "norm" (Megatron-Core's MLP: TELayerNormColumnParallelLinear fuses the norm's cast, the
+    # activation is Megatron's own kernel and TERowParallelLinear casts its input), "none" (every
+    # cast a kernel of its own); see sim.training.costs.fp8_passes
+    fp8_cast_fusion: str = "norm_activation"
+    # the LM-head loss: "unfused" (Megatron's vocab-parallel cross-entropy), "native" (Megatron-Core
+    # cross_entropy_loss_fusion, torch.compile'd) or "te" (Transformer Engine's Triton kernel); bytes
+    # per logit in workloads.graph.CROSS_ENTROPY_BYTES
+    cross_entropy: str = "unfused"
+    # accumulation of the fp8 dgrad and wgrad GEMMs (precision "fp8" only): "split" (partial sums
+    # promoted to fp32, Transformer Engine's _2X_ACC_DGRAD/_2X_ACC_WGRAD, torchao's grad_input and
+    # grad_weight without use_fast_accum) | "fast"; forward GEMMs use fast accumulation in both
+    fp8_backward_accumulation: str = "split"
     # transformer layers at each end of the model an fp8 run keeps in bf16 (Megatron-Core
     # first_last_layers_bf16 with num_layers_at_start/end_in_bf16)
     fp8_bf16_edge_layers: int = 0
@@ -348,6 +363,9 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         pipeline_p2p=settings["pipeline_p2p"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
+        fp8_cast_fusion=settings["fp8_cast_fusion"],
+        cross_entropy=settings["cross_entropy"],
+        fp8_backward_accumulation=settings["fp8_backward_accumulation"],
         fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
         checkpoint=checkpoint,
         failures=failures,

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from hardware.cost import ATTENTION_FA1_RATE
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
@@ -187,8 +186,8 @@ def layer_passes(
         causal=causal,
         fused_attention=setup.fused_attention,
     )
-    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel: the fused op at its measured rate
-        forward = [replace(op, kernel_rate=ATTENTION_FA1_RATE) if op.kind == "attention" else op for op in forward]
+    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel (hardware.cost.attention_fa1_rate)
+        forward = [replace(op, kernel="flash1") if op.kind == "attention" else op for op in forward]
     if job.dropout > 0.0:
         forward = with_dropout(setup, forward)
     if setup.attention_kernel == "unfused":
@@ -328,41 +327,61 @@ def unfused_bias_gradient_ops(setup: TrainingSetup, forward: list[Op]) -> list[O
     return ops
 
 
-# Ops whose output feeds a GEMM and into which Transformer Engine fuses the fp8 cast (+ transpose) of
-# that output under delayed scaling (LayerNormLinear / LayerNormMLP: the norm or activation kernel
-# writes fp8 and fp8^T, 2 bytes, instead of 16-bit, 2 bytes: no extra traffic); in backward the
-# activation's backward likewise emits the fp8 gradient of the GEMM before it.
-FP8_FUSED_PRODUCERS = ("input_norm", "residual_norm", "mlp_activation", "experts_activation", "shared_activation")
+# Ops whose output feeds a GEMM and into which Transformer Engine can fuse the fp8 cast of that output
+# under delayed scaling (the norm or activation kernel writes fp8, 1 byte, instead of 16 bits), by
+# ``fp8_cast_fusion``: "norm_activation", TE's LayerNormLinear and LayerNormMLP (the norm kernel
+# layernorm_fwd_fp8, the activation fp8_gelu; in backward fp8_cast_transpose_bgrad_dgelu_fused emits
+# the fp8 gradient of fc1; transformer_engine/pytorch/module/layernorm_mlp.py at 09ba8427); "norm",
+# Megatron-Core's MLP (megatron/core/transformer/mlp.py at core_r0.8.0: linear_fc1 is
+# TELayerNormColumnParallelLinear, the activation Megatron's jit-fused bias_gelu / bias_swiglu in 16
+# bits, linear_fc2 TERowParallelLinear, which casts its input with fp8_cast_transpose_fused, and fc1's
+# backward casts the activation's 16-bit gradient the same way); "none", every cast a kernel.
+FP8_FUSED_PRODUCERS = {
+    "norm_activation": ("input_norm", "residual_norm", "mlp_activation", "experts_activation", "shared_activation"),
+    "norm": ("input_norm", "residual_norm"),
+    "none": (),
+}
 # GEMMs Transformer Engine / Megatron-Core keep in 16 bits during fp8 training: the MoE router
 # (a plain linear layer) and the materialised attention score / value products.
 FP8_BF16_GEMMS = ("router", "attention_scores", "attention_values")
 # Bytes per element of a separate cast-transpose kernel: read 16 bits, write fp8 and fp8^T; current
-# scaling adds an amax pass (read 16 bits) before the cast and cannot fuse it into the producer.
+# scaling adds an amax pass (read 16 bits) before the cast.
 FP8_CAST_TRANSPOSE_BYTES = 2.0 + 1.0 + 1.0
 FP8_AMAX_BYTES = 2.0
+# A producer that writes fp8 itself writes no transposed copy: the weight-gradient GEMM's operand
+# is made in backward by tex.fp8_transpose of the saved fp8 tensor (read 1, write 1 byte per element;
+# TE 1.x LayerNormLinear backward ln_out_total_t, LayerNormMLP backward gelu_out_t at 7d576ed25).
+FP8_TRANSPOSE_BYTES = 1.0 + 1.0
+# Current scaling (Transformer Engine 2.x Float8CurrentScalingQuantizer): a fusing norm computes the
+# amax while it writes its 16-bit output, then the output is cast and transposed (read 2, write 1 + 1;
+# transformer_engine/pytorch/csrc/extensions/normalization.cpp FUSED_NORM_AMAX_FP8 at v2.9); any
+# other producer's output gets an amax pass and a cast-transpose.
 
 
 def fp8_passes(
     setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op]
 ) -> tuple[list[Op], list[Op], list[Op]]:
     """fp8 training (Transformer Engine): each layer GEMM's 16-bit input is cast to fp8 (with the
-    transposed copy wgrad needs) and so is its output gradient before dgrad/wgrad, fused into the
-    producing norm/activation kernel where TE fuses it (delayed scaling) and a separate kernel
-    otherwise; current scaling adds an amax pass to every cast. Router and attention products stay
-    16-bit (``FP8_BF16_GEMMS``); the LM head does too (``end_ops`` builds it with 16-bit weights)."""
+    transposed copy wgrad needs) and so is its output gradient before dgrad/wgrad. Under delayed
+    scaling the cast is fused into the producing norm/activation kernel where the stack fuses it
+    (``fp8_cast_fusion``), which then pays the fp8 transpose in backward; otherwise it is a separate
+    kernel. Current scaling adds an amax pass to every cast but a fusing norm's, which takes the
+    amax itself. Router and attention products stay 16-bit (``FP8_BF16_GEMMS``); the LM head does
+    too (``end_ops`` builds it with 16-bit weights). With ``fp8_backward_accumulation = "split"``
+    the fp8 dgrad and wgrad GEMMs run with the split accumulator (``hardware.cost.gemm_time_s``: the
+    fp8 MAMF rate, without the fast-accumulation speedup)."""
     current = setup.fp8_recipe == "current"
+    fusing = FP8_FUSED_PRODUCERS[setup.fp8_cast_fusion]
 
-    def cast_bytes(producer: str, gradient: bool) -> float:
+    def producer_kind(producer: str, gradient: bool) -> tuple[bool, bool]:
+        """(fused: the producer writes the fp8 copy, norm: the producer is a norm)"""
         name = producer.removeprefix("recompute_")
         if gradient and name.endswith("_backward"):
             # backward: only an activation's backward emits the fp8 gradient (a norm's backward
             # writes the 16-bit residual-stream gradient the next Linear casts itself)
             name = name.removesuffix("_backward")
-            fusable = name.endswith("_activation")
-        else:
-            fusable = True
-        fused = not current and fusable and name in FP8_FUSED_PRODUCERS
-        return 0.0 if fused else FP8_CAST_TRANSPOSE_BYTES + (FP8_AMAX_BYTES if current else 0.0)
+            return name.endswith("_activation") and name in fusing, False
+        return name in fusing, name.endswith("_norm")
 
     def stays_16bit(op: Op) -> bool:
         return op.name.split("_")[0] == "router" or op.name.startswith(FP8_BF16_GEMMS)
@@ -370,26 +389,50 @@ def fp8_passes(
     def keep_16bit(ops: list[Op]) -> list[Op]:
         return [replace(op, precision="bf16") if op.kind == "gemm" and stays_16bit(op) else op for op in ops]
 
-    def with_casts(ops: list[Op], gradient: bool) -> list[Op]:
+    def with_casts(ops: list[Op], gradient: bool) -> tuple[list[Op], set[str]]:
+        """``ops`` with their cast kernels, and the GEMMs whose fp8 input a fusing producer wrote."""
         out: list[Op] = []
+        fused_inputs: set[str] = set()
         producer = ""
-        for index, op in enumerate(ops):
+        for op in ops:
             if op.kind == "gemm" and op.weight and not stays_16bit(op) and not op.name.endswith("_wgrad"):
                 # the GEMM's 16-bit input is m x k: X in forward; dY (m x forward n) for a dgrad, whose
                 # producer is the op just before it in backward order (collectives skipped)
                 elements = op.m * op.k * op.batch
-                per_element = cast_bytes(producer, gradient)
+                fused, norm = producer_kind(producer, gradient)
+                if current:
+                    per_element = FP8_CAST_TRANSPOSE_BYTES + (0.0 if fused and norm else FP8_AMAX_BYTES)
+                else:
+                    per_element = 0.0 if fused else FP8_CAST_TRANSPOSE_BYTES
+                    if fused:
+                        fused_inputs.add(op.name.removeprefix("recompute_"))
                 if per_element:
                     out.append(Op(name=f"{op.name}_fp8_cast", kind="memory", bytes_moved=per_element * elements,
                                   backward_bytes_moved=0.0, recompute=op.recompute))
             out.append(op)
             if op.kind != "collective":
                 producer = op.name
-        return out
+        return out, fused_inputs
 
-    forward = with_casts(keep_16bit(forward), gradient=False)
-    b_ops = with_casts(keep_16bit(b_ops), gradient=True)
-    return forward, b_ops, keep_16bit(w_ops)
+    def accumulate(ops: list[Op]) -> list[Op]:
+        # the dgrad and wgrad GEMMs of the fp8 layers promote their partial sums to fp32 where the
+        # stack runs them with the split accumulator; recomputed forward GEMMs keep fast accumulation
+        if setup.fp8_backward_accumulation != "split":
+            return ops
+        return [replace(op, split_accumulator=True)
+                if op.kind == "gemm" and not op.precision and op.name.endswith(("_dgrad", "_wgrad")) else op
+                for op in ops]
+
+    forward, fused_inputs = with_casts(keep_16bit(forward), gradient=False)
+    b_ops = accumulate(with_casts(keep_16bit(b_ops), gradient=True)[0])
+    if fused_inputs:
+        # the fp8 transposes of the fused producers' outputs, before their GEMMs' weight gradients
+        gemms = {op.name: op for op in forward if op.kind == "gemm"}
+        transposes = [Op(name=f"{name}_fp8_transpose", kind="memory",
+                         bytes_moved=FP8_TRANSPOSE_BYTES * gemms[name].m * gemms[name].k * gemms[name].batch)
+                      for name in gemms if name in fused_inputs]
+        w_ops = transposes + w_ops
+    return forward, b_ops, accumulate(keep_16bit(w_ops))
 
 
 def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
@@ -644,7 +687,8 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
     if first:
         ends.append(embedding_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split))
     if last:
-        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split))
+        ends.append(lm_head_ops(model, tokens=tokens, sharding=sharding, bytes_per_element=act, vocab_split=split,
+                                cross_entropy=setup.cross_entropy))
     out = []
     for forward in ends:
         if job.precision == "fp8":

@@ -30,7 +30,7 @@ from sim.training.memory import (
     stage_memory_terms,
 )
 from sim.training.pricing_cache import PricingCache
-from sim.training.schedules import plan_profile
+from sim.training.schedules import plan_occupancy
 from sim.training.run import model_flops_per_iteration, training_metrics, with_goodput
 from workloads.plan import ParallelPlan
 
@@ -60,7 +60,7 @@ def memory_terms(
     flash = setup.fused_attention
     terms_key = (
         model_id, job_values(job), flash, (plan.pp if plan.vocab_parallel else plan.pp > 1),
-        plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight, _terms_plan_values(plan), kinds,
+        plan_occupancy(plan, job.num_microbatches(plan.dp)).last_chunk_inflight, _terms_plan_values(plan), kinds,
     )
     return cache.memo(
         "memory_terms",
@@ -105,7 +105,7 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
     classes_key = cache.intern((
         "memory_classes", priced.keys.model, job_values(job), setup.fused_attention, (plan.pp if plan.vocab_parallel else plan.pp > 1),
         plan.world_size > 1, _memory_plan_values(plan), layout.memory_kinds,
-        plan_profile(plan, priced.num_microbatches).last_chunk_inflight,
+        plan_occupancy(plan, priced.num_microbatches).last_chunk_inflight,
     ))
     capacity = setup.cluster.gpu.hbm_capacity_bytes
     # the peak adds the stage indices, which (with pp, v and the micro-batches, fixed by job and dp

@@ -40,7 +40,7 @@ from sim.training.activations import (
     stored_activation_bytes,
 )
 from workloads.model import ModelSpec
-from sim.training.schedules import plan_layer_counts, plan_placement, plan_profile, stage_ends
+from sim.training.schedules import plan_layer_counts, plan_occupancy, plan_placement, stage_ends
 from workloads.plan import ParallelPlan, TrainingJob
 
 # ---- byte sizes and fixed reserves: the one place for memory constants --------------------------
@@ -320,7 +320,7 @@ def stage_memory_terms(
     # micro-batch under gpipe and bfs, one under the 1F1B family)
     logits = 0.0
     if last:
-        live = plan_profile(plan, job.num_microbatches(plan.dp)).last_chunk_inflight
+        live = plan_occupancy(plan, job.num_microbatches(plan.dp)).last_chunk_inflight
         logits = live * LOGITS_BYTES * tokens * (model.hidden + model.vocab / split) / t
     return StageMemoryTerms(
         dense, expert, matmul, largest_layer, stored_per_microbatch, tokens if first else 0.0, first_bytes_per_token,

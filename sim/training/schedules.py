@@ -174,6 +174,25 @@ class Program:
         """Global chunks of ``stage`` in model order (local chunk c is entry c)."""
         return tuple(g for g, s in enumerate(self.placement) if s == stage)
 
+    @cached_property
+    def occupancy(self) -> "ProgramOccupancy":
+        """What the memory model reads of the program (``program_occupancy``), from its ops alone."""
+        peak, last = _occupancy(self.ops, _local_chunks(self.placement, self.pp), len(self.placement))
+        return ProgramOccupancy(chunks_per_stage=self.chunks_per_stage, peak_held_chunks=peak, last_chunk_inflight=last)
+
+
+class ProgramOccupancy(NamedTuple):
+    """The activations a program holds (``ProgramProfile``'s fields of the same names), counted in its
+    ops in run order: known once the program is built, before it is executed (``program_occupancy``)."""
+
+    chunks_per_stage: int
+    peak_held_chunks: tuple[int, ...]  # per stage, most (micro-batch, chunk) activations held at once
+    last_chunk_inflight: int  # most micro-batches whose last-chunk forward has run and backward not
+
+    def inflight_stages(self, stage: int) -> float:
+        """Peak in-flight activations of ``stage`` in units of the whole stage's layers."""
+        return self.peak_held_chunks[stage] / self.chunks_per_stage
+
 
 def _local_chunks(place: tuple[int, ...], pp: int) -> np.ndarray:
     """(pp, chunks per stage) array: the global chunks of every stage in model order."""
@@ -764,7 +783,7 @@ def _lanes(programs: list[Program]) -> _Lanes:
         pp, v = program.pp, program.chunks_per_stage
         ops = program.ops
         local_to_global = _local_chunks(program.placement, pp)
-        occupancy.append(_occupancy(ops, local_to_global, len(program.placement)))
+        occupancy.append(program.occupancy[1:])
         stage_of = np.repeat(np.arange(pp), ops.shape[1])
         kind, mb, chunk = ops.reshape(-1, 3).T
         if not program.split_backward:  # the W right after a fused B is part of it
@@ -816,17 +835,20 @@ def _started(current: np.ndarray, stop: np.ndarray, dep: np.ndarray, ends: np.nd
     """(lanes, ops, the ops they wait for) of the ops that start at step ``t``: every unfinished
     lane's next op (``current``, lanes end at ``stop``) whose input (``dep``) has ended (``ends``);
     None when every lane is done. Raises ``_Deadlock`` when no lane can go on."""
-    active = np.flatnonzero(current < stop)
+    active = (current < stop).nonzero()[0]
     if not len(active):
         return None
     op = current[active]
     waits = dep[op]
     ready = ends[waits] <= t
-    if not ready.all():
-        if not ready.any():
+    if not _all(ready):
+        if not _any(ready):
             raise _Deadlock(active, op)
         active, op, waits = active[ready], op[ready], waits[ready]
     return active, op, waits
+
+
+_all, _any = np.logical_and.reduce, np.logical_or.reduce  # (the ufuncs, without ndarray.all's wrapper)
 
 
 def _deadlock(programs: list[Program], table: _Lanes, stuck: _Deadlock) -> list[Execution]:
@@ -931,14 +953,15 @@ def _execute_rows(
 
 
 # ``_execute_packed``: a path at one weighting as one int64, its weighted time in the high bits
-# (from bit 42) and its F, B and W counts in 14 bits each below, so that comparing two paths' times
-# is one comparison (a >= b & ~_COUNT_MASK compares the times: the counts are below 2**42) and
-# extending a path by an op one addition. Exact while counts stay below 2**14 (a path's ops are at
-# most the steps run, checked) and times below 2**21 (10 per op: implied).
+# (from bit 43) and its F, B and W counts in 14 bits each below bit 42, so that extending a path by
+# an op is one addition and taking the longer of two paths one ``np.maximum``: bit 42 (``_TIE``),
+# clear in every stored path, is set in the lane's own path before the comparison, so that on equal
+# times it wins whatever the counts (and is cleared after). Exact while counts stay below 2**14 (a
+# path's ops are at most the steps run, checked) and times below 2**20 (10 per op: implied).
 _COUNT_BITS = 14
 _PACKED_STEPS = 1 << _COUNT_BITS
-_TIME_SHIFT = 3 * _COUNT_BITS
-_COUNT_MASK = (1 << _TIME_SHIFT) - 1
+_TIE = 1 << 3 * _COUNT_BITS
+_TIME_SHIFT = 3 * _COUNT_BITS + 1
 # non-split programs run F and fused B + W only: their paths have as many B as W ops, so weighting
 # (2, b, w) gives every path the time of (2, b + w) on one fused pass: one weighting per distinct b + w
 _FUSED_WEIGHTS = tuple(sorted({b + w for _, b, w in _WEIGHTS}))
@@ -974,13 +997,15 @@ def _execute_packed(
     ends[n] = -1
     current = first.copy()  # per lane, its next op
     stop = first + counts
-    high = ~np.int64(_COUNT_MASK)
+    tie, untie = np.int64(_TIE), ~np.int64(_TIE)
     t = 0
     while (started := _started(current, stop, dep, ends, t)) is not None:
         active, op, waits = started
-        own, other = paths[prev[op]], paths[waits]
-        longer = np.where(own >= (other & high), own, other)
-        longer += steps[kind[op]]
+        longer = paths.take(prev[op], axis=0)  # the lane's own path
+        longer |= tie  # wins ties
+        np.maximum(longer, paths.take(waits, axis=0), out=longer)
+        longer += steps.take(kind[op], axis=0)
+        longer &= untie
         paths[op] = longer
         ends[op] = t + 1
         current[active] += 1
@@ -1258,6 +1283,47 @@ def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stage
     return profile
 
 
+# the programs the last ``build_programs`` call built (ops checked, not executed), until executed
+_BUILT: dict[ProgramKey, Program] = {}
+
+
+def build_programs(keys: Any) -> None:
+    """Build the programs of many (schedule, pp, m, v) keys at once without executing them (the
+    list-scheduled ones generated side by side, ``_built_programs``), so that what they hold is
+    known (``program_occupancy``) and whether they are valid (``check_program``) before any is
+    executed (``prepare_program_profiles`` executes those still wanted). Keeps the programs of the
+    last call only; keys whose program is invalid are left out (``check_program`` raises for them)."""
+    _BUILT.clear()
+    _BUILT.update(_built_programs([key for key in dict.fromkeys(keys) if key not in _PROFILES]))
+
+
+def check_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> None:
+    """Raise ``InvalidPlanError`` when the program is invalid, as ``program_profile`` does, executing
+    it only when its build does not already show that it runs. A named schedule's program that
+    builds runs without a deadlock: the list-scheduled ones (``_greedy``) place every op only once
+    its inputs have ended, the others are the published orders (each stage's F in model order, each
+    B after the next chunk's B is listed on its stage; ``test_named_programs_never_deadlock``). A
+    schedule file's program is executed to find out."""
+    key = (schedule, pp, num_microbatches, virtual_stages)
+    if key not in _PROFILES and (key not in _BUILT or is_file_schedule(schedule)):
+        program_profile(*key)
+
+
+def program_occupancy(
+    schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1
+) -> ProgramProfile | ProgramOccupancy:
+    """The activations the program holds (``peak_held_chunks``, ``last_chunk_inflight``,
+    ``inflight_stages``): those of its profile, or of its build (``build_programs``) before it is
+    executed; the profile is computed (``program_profile``, raising for an invalid program) when
+    neither is at hand."""
+    key = (schedule, pp, num_microbatches, virtual_stages)
+    known = _PROFILES.get(key)
+    if known is not None:
+        return known
+    built = _BUILT.get(key)
+    return built.occupancy if built is not None else program_profile(*key)
+
+
 def prepare_program_profiles(keys: Any) -> None:
     """Compute the ``program_profile`` of many (schedule, pp, m, v) keys at once: the list-scheduled
     programs are generated together (``_built_programs``) and all executions run together
@@ -1269,7 +1335,9 @@ def prepare_program_profiles(keys: Any) -> None:
         known = _PROFILES.get(key)
         if known is None or (_needs_graph(known) and key not in _GRAPHS):
             wanted.append(key)
-    built = _built_programs(wanted)
+    built = [(key, _BUILT.pop(key)) for key in wanted if key in _BUILT]  # built by build_programs
+    reused = {key for key, _ in built}
+    built += _built_programs([key for key in wanted if key not in reused])
     built.sort(key=lambda item: (item[1].ops.shape[1], item[0]))
     for group in _packed(built, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
         programs = [program for _, program in group]
@@ -1358,6 +1426,11 @@ def plan_layer_counts(num_layers: int, plan: Any) -> tuple[int, ...]:
 def plan_profile(plan: Any, num_microbatches: int) -> ProgramProfile:
     """``program_profile`` of a ``ParallelPlan``'s schedule."""
     return program_profile(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)
+
+
+def plan_occupancy(plan: Any, num_microbatches: int) -> ProgramProfile | ProgramOccupancy:
+    """``program_occupancy`` of a ``ParallelPlan``'s schedule."""
+    return program_occupancy(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)
 
 
 def chunk_ends(plan: Any) -> tuple[tuple[bool, bool], ...]:

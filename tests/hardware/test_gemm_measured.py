@@ -108,3 +108,30 @@ def test_gemm_unbiased_at_training_shapes(name: str) -> None:
     if gpu.sustained_clock_Hz is not None:
         boost = _training_errors(dataclasses.replace(gpu, sustained_clock_Hz=None))
         assert np.median(boost) < -0.04, float(np.median(boost))
+
+
+def test_shipped_fp8_gemms_are_the_measured_kernels_without_quantization() -> None:
+    """fp8 GEMMs at training sizes (tests/data/aic_fp8_gemm_kernel_training_shapes.csv: the TensorRT-LLM
+    rows less the dynamic activation quantization they time, 100 rows per GPU). The shipped H100/H200
+    profiles reproduce the GEMM alone (grid nodes: median 0.0 %), far from the rows with the
+    quantization counted (which training prices as its own cast ops); the analytic fast-accumulation
+    rate (fp8 MAMF x 1.1) is 10-11 % fast here (signed median), what the shipped surfaces correct."""
+    from hardware.catalog import get_gpu as shipped_gpu
+
+    with open(DATA / "aic_fp8_gemm_kernel_training_shapes.csv", newline="") as f:
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
+    for name in ("h100-sxm-80gb", "h200-sxm-141gb"):
+        part = [r for r in rows if r["gpu"] == name]
+        assert len(part) == 100
+        for gpu, bound in ((shipped_gpu(name), None), (get_gpu(name), -0.05)):
+            errors, with_quant = [], []
+            for r in part:
+                m, n, k = int(r["m"]), int(r["n"]), int(r["k"])
+                seconds = cost.gemm_time_s(gpu, m, n, k, precision="fp8", bytes_per_element=1) - cost.launch_overhead_s(gpu)
+                errors.append(seconds / (float(r["latency_ms"]) * 1e-3) - 1.0)
+                with_quant.append(seconds / (float(r["with_quantization_ms"]) * 1e-3) - 1.0)
+            if bound is None:
+                assert np.median(np.abs(errors)) <= 0.01 and np.percentile(np.abs(errors), 90) <= 0.03, name
+                assert np.median(with_quant) < -0.10, name  # the quantization is >= 10 % of those rows
+            else:
+                assert np.median(errors) < bound, (name, float(np.median(errors)))

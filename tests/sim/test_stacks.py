@@ -19,7 +19,7 @@ from sim.training.costs import group_links
 from sim.training.run import simulate_training
 
 TRAINING_STACKS = {"megatron-2021", "deepspeed-zero-2021", "megatron-core", "torchtitan", "llm-foundry", "nemo",
-                   "megatron-bridge"}
+                   "nemo-1.17", "nemo-1.20", "megatron-bridge"}
 SERVING_STACKS = {"trtllm-0.9", "trtllm", "vllm", "vllm-0.5", "fastertransformer"}
 
 
@@ -148,23 +148,78 @@ def _fp8(**training) -> dict:
 
 
 def test_fp8_cast_kernels_follow_transformer_engine_fusion() -> None:
-    # delayed scaling: casts after norms/activations are fused (no extra bytes); out_proj's input and the
-    # output gradients of qkv, out_proj and mlp_down need cast-transpose kernels (read 2, write 1 + 1)
     m, h, f = 4096, 4096, 11008
-    forward, backward, _ = layer_passes(parse_training(_fp8()), moe=False)
-    casts = {op.name: op.bytes_moved for op in forward + backward if op.name.endswith("_fp8_cast")}
-    assert casts == {"out_proj_fp8_cast": 4 * m * h, "mlp_down_dgrad_fp8_cast": 4 * m * h,
-                     "out_proj_dgrad_fp8_cast": 4 * m * h, "qkv_proj_dgrad_fp8_cast": 4 * m * 3 * h}
-    # current scaling: an amax pass (read 2) before every cast, none fused
-    forward, backward, _ = layer_passes(parse_training(_fp8(fp8_recipe="current")), moe=False)
-    casts = {op.name: op.bytes_moved for op in forward + backward if op.name.endswith("_fp8_cast")}
-    assert casts["mlp_up_fp8_cast"] == 6 * m * h and casts["mlp_down_fp8_cast"] == 6 * m * f
-    assert casts["mlp_up_dgrad_fp8_cast"] == 6 * m * 2 * f and len(casts) == 8
+
+    def casts(**training) -> tuple[dict[str, float], dict[str, float]]:
+        forward, backward, weight = layer_passes(parse_training(_fp8(**training)), moe=False)
+        return ({op.name: op.bytes_moved for op in forward + backward if op.name.endswith("_fp8_cast")},
+                {op.name: op.bytes_moved for op in weight if op.name.endswith("_fp8_transpose")})
+
+    # Megatron-Core (the default stack), delayed scaling: the norms write fp8 (no cast kernel; the
+    # transpose for the weight gradient in backward, read 1 + write 1); the MLP activation is
+    # Megatron's own kernel, so fc2's input and fc1's output gradient get cast-transpose kernels (read
+    # 2, write 1 + 1), as do out_proj's input and the output gradients of qkv, out_proj and mlp_down
+    cast, transpose = casts()
+    assert cast == {"out_proj_fp8_cast": 4 * m * h, "mlp_down_fp8_cast": 4 * m * f,
+                    "mlp_down_dgrad_fp8_cast": 4 * m * h, "mlp_up_dgrad_fp8_cast": 4 * m * 2 * f,
+                    "out_proj_dgrad_fp8_cast": 4 * m * h, "qkv_proj_dgrad_fp8_cast": 4 * m * 3 * h}
+    assert transpose == {"qkv_proj_fp8_transpose": 2 * m * h, "mlp_up_fp8_transpose": 2 * m * h}
+    # Transformer Engine's LayerNormMLP also fuses the activation's cast, forward and backward
+    cast, transpose = casts(fp8_cast_fusion="norm_activation")
+    assert cast == {"out_proj_fp8_cast": 4 * m * h, "mlp_down_dgrad_fp8_cast": 4 * m * h,
+                    "out_proj_dgrad_fp8_cast": 4 * m * h, "qkv_proj_dgrad_fp8_cast": 4 * m * 3 * h}
+    assert transpose["mlp_down_fp8_transpose"] == 2 * m * f and len(transpose) == 3
+    # current scaling: an amax pass (read 2) before every cast but a fusing norm's (it takes the
+    # amax itself); no transposes (every cast writes fp8 and fp8^T)
+    cast, transpose = casts(fp8_recipe="current")
+    assert cast["mlp_up_fp8_cast"] == 4 * m * h and cast["mlp_down_fp8_cast"] == 6 * m * f
+    assert cast["mlp_up_dgrad_fp8_cast"] == 6 * m * 2 * f and len(cast) == 8 and not transpose
+    cast, _ = casts(fp8_recipe="current", fp8_cast_fusion="none")
+    assert cast["mlp_up_fp8_cast"] == 6 * m * h and cast["qkv_proj_fp8_cast"] == 6 * m * h
     # the LM head stays 16-bit
     from sim.training.costs import end_ops
 
     ((head, _, _),) = end_ops(parse_training(_fp8()), first=False, last=True)
     assert [op.precision for op in head if op.kind == "gemm"] == ["bf16"]
+
+
+def test_cross_entropy_implementations_move_their_bytes_per_logit() -> None:
+    # Megatron's unfused fp32 path 38 + 14, Megatron-Core's torch.compile'd fusion 22 + 10,
+    # Transformer Engine's Triton kernel 6 + 4 bytes per logit (workloads.graph CROSS_ENTROPY_BYTES)
+    from sim.training.costs import end_ops
+
+    logits = 4096 * 32000
+    for name, (forward, backward) in {"unfused": (38, 14), "native": (22, 10), "te": (6, 4)}.items():
+        setup = parse_training(_fp8(cross_entropy=name))
+        ((head, head_b, _),) = end_ops(setup, first=False, last=True)
+        (loss,) = [op for op in head if op.name == "cross_entropy"]
+        (loss_b,) = [op for op in head_b if op.name == "cross_entropy_backward"]
+        assert (loss.bytes_moved, loss_b.bytes_moved) == (forward * logits, backward * logits)
+    assert parse_training(_fp8(framework="megatron-bridge")).cross_entropy == "te"
+    assert parse_training(_fp8(framework="nemo")).cross_entropy == "unfused"
+    with pytest.raises(ConfigError, match="cross_entropy = 'fused'; allowed: unfused, native, te"):
+        parse_training(_fp8(cross_entropy="fused"))
+
+
+def test_fp8_backward_gemms_run_with_the_split_accumulator() -> None:
+    # Transformer Engine: _2X_ACC_DGRAD = _2X_ACC_WGRAD = True, fprop fast; every training profile "split"
+    forward, backward, weight = layer_passes(parse_training(_fp8()), moe=False)
+    gemms = [op for op in forward + backward + weight if op.kind == "gemm"]
+    split = {op.name for op in gemms if op.split_accumulator}
+    fp8_backward = {op.name for op in gemms if not op.precision and op.name.endswith(("_dgrad", "_wgrad"))}
+    assert split == fp8_backward and len(split) == 8  # qkv, out_proj, mlp_up, mlp_down: dgrad + wgrad
+    assert not any(op.split_accumulator for op in forward)
+    # attention products stay 16-bit and keep the flag off
+    assert all(not op.split_accumulator for op in gemms if op.precision == "bf16")
+    for config in (_fp8(fp8_backward_accumulation="fast"), _fp8(precision="bf16")):
+        f, b, w = layer_passes(parse_training(config), moe=False)
+        assert not any(op.split_accumulator for op in f + b + w)
+    for name in ("megatron-core", "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "torchtitan", "llm-foundry"):
+        assert parse_training(_fp8(framework=name)).fp8_backward_accumulation == "split"
+    # the split backward is slower than the same run with fast accumulation everywhere
+    slow = simulate_training(_fp8(), RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
+    fast = simulate_training(_fp8(fp8_backward_accumulation="fast"), RunOptions(fidelity="analytic")).metrics()
+    assert fast["iteration_time_s"] < slow
 
 
 def test_fp8_saves_linear_inputs_in_fp8() -> None:
@@ -269,16 +324,14 @@ def test_fp8_primary_weights_drop_the_16_bit_copy_of_matmul_weights() -> None:
 
 
 def test_llm_foundry_runs_an_fa1_class_attention_kernel() -> None:
-    from hardware.cost import ATTENTION_FA1_RATE
-
     setup = parse_training({**_config(framework="llm-foundry", precision="bf16"), "parallel": {"tp": 1, "pp": 1, "zero": 3}})
     assert setup.attention_kernel == "flash1" and setup.fused_attention
     forward, backward, _ = layer_passes(setup, moe=False)
     attention = [op for op in forward + backward if op.kind == "attention"]
-    assert len(attention) == 2 and all(op.kernel_rate == ATTENTION_FA1_RATE for op in attention)
+    assert len(attention) == 2 and all(op.kernel == "flash1" and op.kernel_rate == 1.0 for op in attention)
     fa2 = parse_training({**_config(framework="llm-foundry", precision="bf16", attention_kernel="flash"),
                           "parallel": {"tp": 1, "pp": 1, "zero": 3}})
-    assert all(op.kernel_rate == 1.0 for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
+    assert all(op.kernel == "flash" for op in layer_passes(fa2, moe=False)[0] if op.kind == "attention")
 
 
 def test_fp8_bf16_edge_layers_run_16_bit_gemms() -> None:

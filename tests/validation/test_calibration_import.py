@@ -79,3 +79,28 @@ def test_import_errors_are_one_line(tmp_path, capsys) -> None:
     (tmp_path / "empty").mkdir()
     assert main(["calibrate", "import", "aiconfigurator", str(tmp_path / "empty"), "--out", str(tmp_path / "m.csv")]) == 2
     assert "has no tables" in capsys.readouterr().err
+
+
+def test_fp8_gemm_rows_less_their_activation_quantization(system) -> None:
+    from validation.calibration.aiconfigurator import import_system, without_activation_quantization
+    from validation.microbench.schema import MeasurementError
+
+    frame = import_system(system)
+    with pytest.raises(MeasurementError, match="quantize/trtllm"):
+        without_activation_quantization(frame, system, "trtllm")
+    prov = {"framework": "TRTLLM", "version": "1.3.0", "device": "NVIDIA H100 80GB HBM3", "kernel_source": "torch_ops",
+            "quant_dtype": "fp8", "m": 4096, "k": 4096}
+    # the dynamic quantization is compute_scale (dynamic - static) + scale_matrix (static): 0.05 ms of 0.15
+    _write(system, "quantize/trtllm/1.3.0/computescale_perf.parquet", [{**prov, "op_name": "compute_scale", "latency": 0.02}])
+    _write(system, "quantize/trtllm/1.3.0/scale_matrix_perf.parquet", [{**prov, "op_name": "scale_matrix", "latency": 0.03}])
+    out = without_activation_quantization(frame, system, "trtllm")
+    fp8 = out[(out["op"] == "gemm") & (out["precision"] == "fp8")]
+    assert fp8["latency_s"].tolist() == pytest.approx([0.10e-3])
+    assert len(out) == len(frame)
+    assert out[out["precision"] != "fp8"]["latency_s"].tolist() == frame[frame["precision"] != "fp8"]["latency_s"].tolist()
+    # the import does it itself once the system has the quantize tables
+    imported = import_system(system)
+    assert imported[imported["precision"] == "fp8"]["latency_s"].tolist() == pytest.approx([0.10e-3])
+    # a row the quantization dominates (GEMM under a quarter of the call) is dropped
+    _write(system, "quantize/trtllm/1.3.0/scale_matrix_perf.parquet", [{**prov, "op_name": "scale_matrix", "latency": 0.12}])
+    assert len(without_activation_quantization(frame, system, "trtllm")) == len(frame) - 1

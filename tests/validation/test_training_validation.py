@@ -78,16 +78,17 @@ def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the issue's 7 % target is not met
-    # (14.5 %, signed -13.1 %): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # (10.5 %, signed -9.6 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
     assert len(modern.rows("iteration_time_s")) == 24
     assert not modern.failures(), modern.failures()
-    assert {c.config["training"]["framework"] for c in modern.comparisons} == {"nemo", "megatron-bridge", "llm-foundry"}
+    assert {c.config["training"]["framework"] for c in modern.comparisons} == {
+        "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.15 and MODERN_THRESHOLDS[0].max_row_error <= 0.27
-    assert modern.mape("iteration_time_s") <= 0.15
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.134 and MODERN_THRESHOLDS[0].max_row_error <= 0.238
+    assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)

@@ -7,6 +7,8 @@ collected under several serving stacks: ``gemm/<framework>/<version>/gemm_perf.p
 ``comm/nccl/<version>/nccl_perf.parquet``, ``comm/<framework>/<version>/custom_allreduce_perf.parquet``
 (the framework's own all-reduce kernel, op ``custom_all_reduce``) and
 ``moe/<framework>/<version>/moe_perf.parquet``.
+TensorRT-LLM's fp8 GEMM rows become the GEMM alone: each row less the dynamic activation
+quantization it times, from the system's quantize tables (``without_activation_quantization``).
 Latencies are milliseconds per call; NCCL ``message_size`` counts elements of ``nccl_dtype``
 (the package factors it as an element count; an 8-GPU H100 all-reduce of 2^28 halves in 2.11 ms is
 445 GB/s bus bandwidth, the NVLS figure, which bytes would halve); the custom all-reduce tables
@@ -171,6 +173,10 @@ def import_system(directory: str | Path) -> pd.DataFrame:
         frame[column] = pd.to_numeric(frame[column]).astype("Int64")
     if not np.isfinite(frame["latency_s"]).all():
         raise MeasurementError(f"{root}: a table has a non-finite latency")
+    for framework in QUANTIZED_GEMM_FRAMEWORKS:
+        has_rows = ((frame["op"] == "gemm") & (frame["precision"] == "fp8") & (frame["framework"] == framework)).any()
+        if has_rows and quantization_s(root, framework) is not None:
+            frame = without_activation_quantization(frame, root, framework).reset_index(drop=True)
     return frame
 
 
@@ -181,3 +187,55 @@ def write_measurements(frame: pd.DataFrame, path: str | Path) -> None:
     out = frame.copy()
     out["causal"] = out["causal"].map({True: "true", False: "false"})
     out.to_csv(path, index=False, float_format="%.9g")
+
+
+# An fp8 GEMM row of the TensorRT-LLM tables times ``Linear.forward`` of TensorRT-LLM's PyTorch flow
+# with weight scales only (aiconfigurator collector/trtllm/collect_gemm.py), so ``FP8QDQLinearMethod``
+# quantizes the bf16 activation dynamically before the cuBLAS GEMM
+# (``torch.ops.tensorrt_llm.quantize_e4m3_per_tensor``: amax, scale, cast). The package's quantize
+# tables time that op at the same (m, k) (collector/trtllm/collect_computescale.py: compute_scale =
+# dynamic - static quantization, scale_matrix = static), so their sum is the row's quantization.
+QUANTIZE_TABLES = ("computescale_perf.parquet", "scale_matrix_perf.parquet")
+# Stacks whose fp8 GEMM rows ``import_system`` converts to the GEMM alone where the system has their
+# quantize tables (llmsim's gemm op is the kernel; training prices its casts as ops of their own).
+# Only TensorRT-LLM's were checked: subtracted, its H100/H200 8192^3 GEMMs run 1,510-1,553 TFLOP/s;
+# SGLang's quantize tables time more than its whole fp8 GEMM rows at many shapes (not the same op).
+QUANTIZED_GEMM_FRAMEWORKS = ("trtllm",)
+# Rows whose GEMM is under this fraction of the timed call are dominated by the quantization
+# (n of 32..512 with k up to 65,536): the difference of two measurements is noise there; dropped.
+MIN_GEMM_FRACTION = 0.25
+
+
+def quantization_s(directory: str | Path, framework: str) -> pd.Series | None:
+    """Seconds of the dynamic per-tensor fp8 activation quantization by (m, k) in one system's
+    quantize tables of ``framework`` (newest version), or None without them."""
+    versions = sorted((Path(directory) / "quantize" / framework).glob("*/"), key=lambda p: p.name)
+    if not versions or not all((versions[-1] / name).is_file() for name in QUANTIZE_TABLES):
+        return None
+    total = None
+    for name in QUANTIZE_TABLES:
+        table = pd.read_parquet(versions[-1] / name)
+        part = table[table["quant_dtype"] == "fp8"].groupby(["m", "k"])["latency"].median() * 1e-3
+        total = part if total is None else total.add(part, fill_value=0.0)
+    return total
+
+
+def without_activation_quantization(frame: pd.DataFrame, directory: str | Path, framework: str) -> pd.DataFrame:
+    """``frame`` with ``framework``'s fp8 GEMM rows timing the GEMM kernel alone: each row's
+    activation quantization (``quantization_s`` at its m, k) subtracted, rows without a quantize
+    measurement or left under ``MIN_GEMM_FRACTION`` of the call dropped. Raises when the system has
+    no quantize tables for the framework."""
+    quant = quantization_s(directory, framework)
+    if quant is None:
+        raise MeasurementError(f"{directory}: no quantize/{framework} tables ({', '.join(QUANTIZE_TABLES)})")
+    rows = (frame["op"] == "gemm") & (frame["precision"] == "fp8") & (frame["framework"] == framework)
+    part = frame[rows]
+    keys = pd.MultiIndex.from_arrays([part["m"].astype(int), part["k"].astype(int)])
+    q = quant.reindex(keys).to_numpy()
+    gemm_s = part["latency_s"].to_numpy() - q
+    keep = np.isfinite(q) & (gemm_s >= MIN_GEMM_FRACTION * part["latency_s"].to_numpy())
+    part = part[keep].copy()
+    part["latency_s"] = gemm_s[keep]
+    part["source"] = part["source"] + " less quantize_e4m3_per_tensor (quantize tables)"
+    return pd.concat([frame[~rows], part]).sort_index()
+
