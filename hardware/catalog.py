@@ -132,8 +132,18 @@ def _gpu(t: _Table) -> GpuSpec:
         architecture=t.take("architecture", str, default=None),
         sustained_clock_Hz=t.quantity("sustained_clock", _FREQ, default=0.0) or None,
         sustained_clock_source=t.take("sustained_clock_source", str, default=""),
+        reported_memory_bytes=t.quantity("reported_memory", _BYTES, default=0.0) or None,
+        reported_memory_source=t.take("reported_memory_source", str, default=""),
     )
     t.done()
+    if spec.reported_memory_bytes is not None:
+        if spec.reported_memory_bytes > spec.hbm_capacity_bytes:
+            raise CatalogError(
+                f"gpu {spec.name}: reported_memory = {spec.reported_memory_bytes / units.MiB:g} MiB must be at most "
+                f"hbm_capacity = {spec.hbm_capacity_bytes / units.MiB:g} MiB"
+            )
+        if not spec.reported_memory_source:
+            raise CatalogError(f"gpu {spec.name}: reported_memory needs reported_memory_source")
     if spec.sustained_clock_Hz is not None:
         if not 0.0 < spec.sustained_clock_Hz <= spec.boost_clock_Hz:
             raise CatalogError(

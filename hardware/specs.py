@@ -110,9 +110,20 @@ class GpuSpec:
     # (MAMF) was measured between idle gaps (see that function).
     sustained_clock_Hz: float | None = None
     sustained_clock_source: str = ""
+    # Device memory the driver reports (NVML total: what nvidia-smi prints and what serving engines size
+    # their KV cache from); None: not given, the datasheet ``hbm_capacity_bytes`` is used
+    # (``engine_memory_bytes``). The H100 SXM 80GB reports 81,559 MiB of its 80 GiB.
+    reported_memory_bytes: float | None = None
+    reported_memory_source: str = ""
     # Measured corrections of the cost model (``hardware.calibration``): the shipped profile of this
     # GPU, a ``[cluster] calibration`` file, or None for the analytic defaults alone.
     calibration: CalibrationProfile | None = None
+
+    @property
+    def engine_memory_bytes(self) -> float:
+        """Device memory a serving engine sees and sizes its KV cache from: the driver-reported total
+        where the catalog gives it, else the datasheet capacity."""
+        return self.reported_memory_bytes if self.reported_memory_bytes is not None else self.hbm_capacity_bytes
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; raises if the chip has no such format."""

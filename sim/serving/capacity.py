@@ -105,11 +105,14 @@ def replica_memory(
     shape: ReplicaShape, *, gpu_memory_utilization: float, block_size: int, max_batched_tokens: int, max_num_seqs: int,
     kv_cache_memory: str = "total_fraction", gathered_logits: bool = False,
 ) -> ReplicaMemory:
-    """The memory plan of one replica GPU (the most loaded one: the first pipeline stage).
+    """The memory plan of one replica GPU (the most loaded one: the first pipeline stage), out of the
+    device memory the driver reports (``GpuSpec.engine_memory_bytes``).
     ``kv_cache_memory``: "total_fraction" (vLLM) budgets ``gpu_memory_utilization`` of the whole GPU
     and gives KV what weights, workspace and buffers leave of it; "free_fraction" (TensorRT-LLM's
     free_gpu_memory_fraction) gives KV that fraction of what they leave of the whole GPU."""
-    capacity = shape.cluster.gpu.hbm_capacity_bytes
+    # the device memory the engine sees: the driver-reported total where the catalog gives it (an H100
+    # SXM 80GB reports 81,559 MiB), which both the vLLM and TensorRT-LLM budgets are fractions of
+    capacity = shape.cluster.gpu.engine_memory_bytes
     weights = weights_bytes_per_gpu(shape)
     workspace = workspace_bytes_per_gpu(shape, max_batched_tokens, max_num_seqs, gathered_logits)
     comm = NCCL_BUFFER_BYTES if shape.num_gpus > 1 else 0.0

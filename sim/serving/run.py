@@ -305,7 +305,7 @@ def check_room_for_kv(system: ServingSystem) -> None:
             f"no room for the KV cache on {pool.role} (tp {pool.shape.tp}, pp {pool.shape.pp}, "
             f"{system.spec.weight_precision} weights): weights need {m.weights_bytes / gib:.2f} GiB and workspace "
             f"{(m.workspace_bytes + m.comm_bytes) / gib:.2f} GiB of the {m.budget_bytes / gib:.2f} GiB per GPU the engine may use "
-            f"(serving.gpu_memory_utilization {system.spec.gpu_memory_utilization} x {system.cluster.gpu.hbm_capacity_bytes / gib:.0f} GiB); "
+            f"(serving.gpu_memory_utilization {system.spec.gpu_memory_utilization} x {system.cluster.gpu.engine_memory_bytes / gib:.2f} GiB of device memory); "
             f"short {m.shortfall_bytes / gib:.2f} GiB: raise serving.tp or pp, or use a smaller weight_precision"
         )
 

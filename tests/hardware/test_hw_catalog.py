@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hardware import units
-from hardware.catalog import CATALOG_DIR, default_catalog, load_catalog
+from hardware.catalog import CATALOG_DIR, default_catalog, get_gpu, load_catalog
 from hardware.errors import CatalogError
 
 CATALOG = default_catalog()
@@ -382,16 +382,30 @@ def test_pcie_switch_sharing_from_the_system_topologies() -> None:
 
 
 @pytest.mark.parametrize(
-    "old,new,message",
+    "gpu_file,old,new,message",
     [
-        ("sustained_clock_MHz = 1305", "sustained_clock_MHz = 1500", r"sustained_clock = 1500 MHz must be in \(0, boost_clock = 1410 MHz\]"),
-        ('sustained_clock_source = "', 'notes = "', "sustained_clock_MHz needs sustained_clock_source"),
+        ("a100_sxm_80gb", "sustained_clock_MHz = 1305", "sustained_clock_MHz = 1500",
+         r"sustained_clock = 1500 MHz must be in \(0, boost_clock = 1410 MHz\]"),
+        ("a100_sxm_80gb", 'sustained_clock_source = "', 'notes = "', "sustained_clock_MHz needs sustained_clock_source"),
+        ("h100_sxm_80gb", "reported_memory_MiB = 81559", "reported_memory_MiB = 82000",
+         "reported_memory = 82000 MiB must be at most hbm_capacity = 81920 MiB"),
+        ("h100_sxm_80gb", 'reported_memory_source = "', 'notes = "', "reported_memory needs reported_memory_source"),
     ],
 )
-def test_loader_checks_the_sustained_clock(catalog_copy: Path, old: str, new: str, message: str) -> None:
-    path = catalog_copy / "gpus" / "a100_sxm_80gb.toml"
+def test_loader_checks_the_sustained_clock_and_reported_memory(
+    catalog_copy: Path, gpu_file: str, old: str, new: str, message: str
+) -> None:
+    path = catalog_copy / "gpus" / f"{gpu_file}.toml"
     text = path.read_text()
     assert old in text
     path.write_text(text.replace(old, new))
     with pytest.raises(CatalogError, match=message):
         load_catalog(catalog_copy)
+
+
+def test_engine_memory_is_the_reported_total_where_given() -> None:
+    """Serving engines size their KV cache from the memory the driver reports: 81,559 MiB on an H100
+    SXM 80GB (nvidia-smi / NVML), the datasheet capacity where the catalog gives no reported figure."""
+    h100, a100 = get_gpu("h100-sxm-80gb"), get_gpu("a100-sxm-80gb")
+    assert h100.engine_memory_bytes == 81559 * units.MiB < h100.hbm_capacity_bytes == 80 * units.GiB
+    assert a100.reported_memory_bytes is None and a100.engine_memory_bytes == a100.hbm_capacity_bytes
