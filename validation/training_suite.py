@@ -71,6 +71,8 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
     training_extra = {"dropout": float(row["dropout"])} if row.get("dropout") else {}
     if row.get("cross_entropy"):  # the recipe's loss implementation where it sets one (else its stack's)
         training_extra["cross_entropy"] = row["cross_entropy"]
+    if row.get("grad_reduce_dtype"):  # the run's gradient-reduction dtype where it differs from its stack's
+        training_extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
     return {
         "model": model,
         "cluster": {"gpu": row["gpu"], "node": row["node"], "network": row["network"], "num_gpus": int(row["num_gpus"])},
