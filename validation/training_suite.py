@@ -217,8 +217,8 @@ def memory_comparisons() -> list[Comparison]:
 # The 2023-25 stacks (published-training.md A9-A11, A13: NeMo / Megatron-Bridge / MLPerf fp8 on H100,
 # llm-foundry FSDP): the target is MAPE <= 7 % and no row worse than 15 %; the model is not
 # there yet (most rows are predicted too fast, see MISSING_MECHANISMS), so these bounds only keep it
-# from getting worse than it is now (10.5 % / 17.6 % with the DES, 10.7 % / 19.6 % analytic). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.108, max_row_error=0.197),)
+# from getting worse than it is now (10.1 % / 17.5 % with the DES, 10.2 % / 19.6 % analytic). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.103, max_row_error=0.197),)
 MISSING_MECHANISMS = (
     "rows of the 2023-25 stacks are predicted 10 % too fast on average. Modelled: fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
@@ -227,7 +227,8 @@ MISSING_MECHANISMS = (
     "which fp8 casts each stack fuses (Megatron-Core's MLP casts its activation separately, TE's LayerNormMLP "
     "of the 2023 MLPerf code fuses it; fused casts pay the fp8 transpose in backward) and the loss kernel "
     "(Megatron's unfused fp32 cross-entropy, its torch.compile'd fusion for the NeMo Llama 3 recipes, TE's Triton "
-    "kernel for Megatron-Bridge); FlashAttention-1 in the MLPerf v3.0 code (TE 0.8); "
+    "kernel for Megatron-Bridge); FlashAttention-1 in the MLPerf v3.0 code (TE 0.8) and the 2023 TE's amax-history "
+    "and scale update in every fp8 module each pass (MLPerf v3.0 / v3.1); "
     "fp8 primary weights and Megatron-Bridge FP8-CS's bf16 first and last layers; Transformer Engine's userbuffer "
     "overlap GEMM by GEMM (ring-exchange GEMMs in tp chunks of m/tp rows, pipeline GEMMs in 4 chunks, bulk GEMMs "
     "on the SMs the 16-SM communication kernel leaves) and the sequence-parallel re-gather of each TP GEMM's input "

@@ -40,6 +40,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_params": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
         "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none")),
+        "fp8_scale_update": ("training", ("per_module", "fused")),
         "cross_entropy": ("training", ("unfused", "native", "te")),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),

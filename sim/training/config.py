@@ -22,7 +22,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
-    "fp8_backward_accumulation", "cross_entropy", "fp8_cast_fusion", "checkpoint",
+    "fp8_backward_accumulation", "cross_entropy", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -122,6 +122,9 @@ class TrainingSetup:
     # activation is Megatron's own kernel and TERowParallelLinear casts its input), "none" (every
     # cast a kernel of its own); see sim.training.costs.fp8_passes
     fp8_cast_fusion: str = "norm_activation"
+    # delayed scaling's amax-history / scale update: "per_module" (each fp8 module, each pass: TE of
+    # 2023) | "fused" (once per fp8_autocast, not priced); see sim.training.costs.fp8_scale_update_ops
+    fp8_scale_update: str = "fused"
     # the LM-head loss: "unfused" (Megatron's vocab-parallel cross-entropy), "native" (Megatron-Core
     # cross_entropy_loss_fusion, torch.compile'd) or "te" (Transformer Engine's Triton kernel); bytes
     # per logit in workloads.graph.CROSS_ENTROPY_BYTES
@@ -364,6 +367,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
         fp8_cast_fusion=settings["fp8_cast_fusion"],
+        fp8_scale_update=settings["fp8_scale_update"],
         cross_entropy=settings["cross_entropy"],
         fp8_backward_accumulation=settings["fp8_backward_accumulation"],
         fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),

@@ -358,6 +358,32 @@ FP8_TRANSPOSE_BYTES = 1.0 + 1.0
 # other producer's output gets an amax pass and a cast-transpose.
 
 
+# Delayed scaling's bookkeeping (``fp8_scale_update = "per_module"``): Transformer Engine up to the
+# 2023 releases updates every fp8 module's amax history and scale in the module itself, each forward
+# (prepare_forward) and each backward (prepare_backward): copy_amax_from_global_buffer writes the
+# reduced amax into the history, then the jit-fused _fused_amax_and_scale_update runs torch.max over
+# the history, torch.roll and fill_ of it, and the scale and inverse-scale updates
+# (transformer_engine/pytorch/fp8.py and module/base.py at 09ba8427, the MLPerf v3.1 TE; module.py
+# at release_v0.8 the same): FP8_SCALE_UPDATE_KERNELS small kernels per module per pass, each priced
+# as a memory kernel (launch + fill) over the history, 1,024 entries of 3 fp32 amaxes (the recipes'
+# amax history 1024). TE's LayerNormMLP keeps one fp8_meta for fc1 and fc2. From TE 1.x the update
+# runs once per fp8_autocast for all modules (fused_amax_and_scale_update_after_reduction at
+# 7d576ed25, NeMo 24.07's TE): "fused", not priced (a few kernels per autocast).
+FP8_SCALE_UPDATE_KERNELS = 5
+FP8_SCALE_UPDATE_BYTES = 2.0 * 1024 * 3 * 4.0
+
+
+def fp8_scale_update_ops(setup: TrainingSetup, forward: list[Op], pass_name: str) -> list[Op]:
+    """The per-module amax-history and scale update kernels of one pass (see the constants above)."""
+    if setup.fp8_scale_update != "per_module" or setup.fp8_recipe == "current":
+        return []
+    modules = [op.name for op in forward if op.kind == "gemm" and op.weight and not op.precision]
+    if setup.fp8_cast_fusion == "norm_activation" and {"mlp_up", "mlp_down"} <= set(modules):
+        modules.remove("mlp_down")  # LayerNormMLP: one module, one fp8_meta
+    return [Op(name=f"{name}_fp8_scale_update_{pass_name}{index}", kind="memory", bytes_moved=FP8_SCALE_UPDATE_BYTES)
+            for name in modules for index in range(FP8_SCALE_UPDATE_KERNELS)]
+
+
 def fp8_passes(
     setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op]
 ) -> tuple[list[Op], list[Op], list[Op]]:
@@ -432,6 +458,8 @@ def fp8_passes(
                          bytes_moved=FP8_TRANSPOSE_BYTES * gemms[name].m * gemms[name].k * gemms[name].batch)
                       for name in gemms if name in fused_inputs]
         w_ops = transposes + w_ops
+    b_ops = fp8_scale_update_ops(setup, forward, "b") + b_ops
+    forward = fp8_scale_update_ops(setup, forward, "f") + forward
     return forward, b_ops, accumulate(keep_16bit(w_ops))
 
 

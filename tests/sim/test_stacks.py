@@ -183,6 +183,26 @@ def test_fp8_cast_kernels_follow_transformer_engine_fusion() -> None:
     assert [op.precision for op in head if op.kind == "gemm"] == ["bf16"]
 
 
+def test_per_module_fp8_scale_updates_are_small_kernels_each_pass() -> None:
+    # TE of 2023 (nemo-1.17 / nemo-1.20): 5 kernels per fp8 module in forward and in backward; TE's
+    # LayerNormMLP is one module for fc1 and fc2 (qkv, out_proj, MLP: 3 modules); TE 1.x: none
+    from hardware import cost
+    from sim.training.costs import FP8_SCALE_UPDATE_BYTES, FP8_SCALE_UPDATE_KERNELS
+
+    setup = parse_training(_fp8(framework="nemo-1.20"))
+    forward, backward, _ = layer_passes(setup, moe=False)
+    updates = [op for op in forward + backward if "_fp8_scale_update_" in op.name]
+    assert FP8_SCALE_UPDATE_KERNELS == 5 and len(updates) == 2 * 3 * 5
+    assert {op.name.split("_fp8_scale_update_")[0] for op in updates} == {"qkv_proj", "out_proj", "mlp_up"}
+    kernel_s = cost.memory_op_time_s(setup.cluster.gpu, FP8_SCALE_UPDATE_BYTES)
+    assert 5e-6 < kernel_s < 6e-6  # launch (4 us) + fill (1.6 us): the small kernel's floor
+    separate = layer_passes(parse_training(_fp8(framework="nemo-1.20", fp8_cast_fusion="norm")), moe=False)
+    assert sum("_fp8_scale_update_" in op.name for op in separate[0]) == 4 * 5  # fc1 and fc2 apart
+    for config in (_fp8(framework="nemo"), _fp8(framework="nemo-1.20", fp8_recipe="current"), _fp8()):
+        f, b, _ = layer_passes(parse_training(config), moe=False)
+        assert not any("_fp8_scale_update_" in op.name for op in f + b)
+
+
 def test_cross_entropy_implementations_move_their_bytes_per_logit() -> None:
     # Megatron's unfused fp32 path 38 + 14, Megatron-Core's torch.compile'd fusion 22 + 10,
     # Transformer Engine's Triton kernel 6 + 4 bytes per logit (workloads.graph CROSS_ENTROPY_BYTES)
