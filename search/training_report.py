@@ -9,7 +9,7 @@ import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from hardware import units
 from sim.toml_writer import dumps as dumps_toml
@@ -175,6 +175,40 @@ class ScreenRow:
     violates: str = ""
 
 
+class ScreenRows(Sequence[ScreenRow]):
+    """candidates.csv's lines, each built when read: the aggregate prunes, then one per enumerated
+    candidate in enumeration order (a search enumerates hundreds of thousands; most are never read)."""
+
+    def __init__(self, *, aggregates: Sequence[ScreenRow], candidates: Sequence[Candidate], contexts: Sequence[Context],
+                 rules: Sequence[str | None], metrics: Sequence[tuple[Any, ...] | None], violates: dict[int, str]) -> None:
+        """``rules[i]``: candidate i's prune rule, None when screened (``metrics[i]`` its metrics,
+        ``violates.get(i, "")`` the constraint it misses)."""
+        self._aggregates, self._candidates, self._contexts = aggregates, candidates, contexts
+        self._rules, self._metrics, self._violates = rules, metrics, violates
+
+    def __len__(self) -> int:
+        return len(self._aggregates) + len(self._candidates)
+
+    def __getitem__(self, index: int) -> ScreenRow:  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]  # type: ignore[return-value]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        if index < len(self._aggregates):
+            return self._aggregates[index]
+        i = index - len(self._aggregates)
+        candidate, rule = self._candidates[i], self._rules[i]
+        if rule is not None:
+            return ScreenRow(candidate=candidate, context=self._contexts[candidate.context], rule=rule)
+        return ScreenRow(candidate=candidate, context=self._contexts[candidate.context], rule="",
+                         metrics=self._metrics[i], violates=self._violates.get(i, ""))
+
+    def __iter__(self) -> Iterator[ScreenRow]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass(slots=True, kw_only=True)
 class TrainingSearchResult:
     """What ``search_training`` returns (the SearchResult protocol of ``search.run``)."""
@@ -185,7 +219,7 @@ class TrainingSearchResult:
     pareto: list[tuple[Plan, str]]
     binding_constraint: str
     funnel: Funnel
-    rows: list[ScreenRow]
+    rows: Sequence[ScreenRow]
     screen_metric_names: tuple[str, ...]
     wall_time_s: float
     feasible: bool

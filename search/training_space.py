@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import re
 from functools import lru_cache
 from dataclasses import dataclass
@@ -295,14 +296,13 @@ def enumerate_candidates(space: TrainingSpace, bases: Sequence[TrainingSetup]) -
                         else:
                             rule = ""
                         mbs = micro_batch_values(gb, max(1, n // (tp * pp * cp)), space.micro_batches)
-                        rest = list(itertools.product(
-                            values["ep"], values["zero"], schedules, mbs, values["recompute"], sps, values["offload"],
-                            values["hsdp"], values["tp_comm_overlap"], values["cp_comm"],
-                        ))
+                        rest = (values["ep"], values["zero"], schedules, mbs, values["recompute"], sps, values["offload"],
+                                values["hsdp"], values["tp_comm_overlap"], values["cp_comm"])
                         if rule:
-                            pruned[rule] = pruned.get(rule, 0) + len(rest)
+                            pruned[rule] = pruned.get(rule, 0) + math.prod(map(len, rest))
                             continue
-                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm in rest:
+                        combinations = itertools.product(*rest)
+                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm in combinations:
                             out.append(Candidate(
                                 index, gb, mb, tp, pp, cp, ep, zero, schedule, v, recompute, sp, offload, hsdp,
                                 overlap, cp_comm,
@@ -323,6 +323,9 @@ def rule_of(message: str, memo: dict[str, str] | None = None) -> str:
     return rule
 
 
+MAX_PLANS = 1 << 17  # plans a SetupBuilder keeps (then it forgets them: results never depend on it)
+
+
 class SetupBuilder:
     """Builds candidates of one context as the simulator's setups, validated by the simulator's
     rules (``ParallelPlan`` and ``validate_plan`` raise InvalidPlanError with the rule broken).
@@ -333,6 +336,9 @@ class SetupBuilder:
         self._plan = {f.name: getattr(base.plan, f.name) for f in dataclasses.fields(base.plan)}
         self._setup = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
         self._jobs: dict[tuple[int, int], TrainingJob] = {}
+        # plan fields of a candidate -> its ParallelPlan, or the (class, args) of the error its
+        # construction raised: candidates differing only in their batch sizes share one plan
+        self._plans: dict[tuple[Any, ...], ParallelPlan | tuple[type[InvalidPlanError], tuple[Any, ...]]] = {}
 
     def job(self, global_batch: int, micro_batch: int) -> TrainingJob:
         job = self._jobs.get((global_batch, micro_batch))
@@ -342,13 +348,30 @@ class SetupBuilder:
                 base, global_batch=global_batch, micro_batch=micro_batch)
         return job
 
+    def plan(self, candidate: Candidate) -> ParallelPlan:
+        """The candidate's ``ParallelPlan`` (its construction validates it: raises InvalidPlanError),
+        built once per distinct plan (dp follows from tp, pp and cp in one context)."""
+        key = candidate[_PLAN_START:]
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            values = dict(self._plan, dp=self.base.cluster.num_gpus // (candidate.tp * candidate.pp * candidate.cp))
+            values.update(zip(PLAN_FIELDS, key))
+            try:
+                plan = self._plans[key] = type(self.base.plan)(**values)
+            except InvalidPlanError as exc:
+                self._plans[key] = (type(exc), exc.args)
+                raise
+        elif type(plan) is tuple:
+            raise plan[0](*plan[1])
+        return plan  # type: ignore[return-value]
+
     def __call__(self, candidate: Candidate, *, check_program: bool = True) -> TrainingSetup:
         """The candidate's setup, validated (``check_program=False``: all but its pipeline program,
         the last rule, which the caller checks; ``sim.training.config.validate_plan``)."""
         base = self.base
-        values = dict(self._plan, dp=base.cluster.num_gpus // (candidate.tp * candidate.pp * candidate.cp))
-        values.update(zip(PLAN_FIELDS, candidate[_PLAN_START:]))
-        plan = type(base.plan)(**values)
+        plan = self.plan(candidate)
         job = self.job(candidate.global_batch, candidate.micro_batch)
         validate_plan(base.model, base.cluster, job, plan, check_program=check_program)
         return type(base)(**dict(self._setup, job=job, plan=plan))

@@ -835,11 +835,19 @@ def chunk_cost(
                 layer_cache[kind] = price_layer(setup, layer_kind_ops(setup, kind), links, cache)
             layer_costs.append(layer_cache[kind])
     costs = list(layer_costs)
+    # a chunk repeats a few layer kinds: each distinct LayerCost's passes and their totals
+    # (``PassCost.total_s``) read once; every sum below still adds layer by layer, in layer order
+    passes_of: dict[int, tuple[tuple[PassCost, PassCost, PassCost], tuple[float, float, float]]] = {}
+    for cost in costs:
+        if id(cost) not in passes_of:
+            three = (cost.forward, cost.backward_input, cost.backward_weight)
+            passes_of[id(cost)] = (three, (three[0].total_s, three[1].total_s, three[2].total_s))
     exposed: dict[str, float] = {}
     flops = recompute_flops = 0.0
     for cost in costs:
-        for pass_cost in (cost.forward, cost.backward_input, cost.backward_weight):
-            _add(exposed, pass_cost.exposed_comm_s)
+        for pass_cost in passes_of[id(cost)][0]:
+            for axis, seconds in pass_cost.exposed_comm_s.items():  # _add, inline
+                exposed[axis] = exposed.get(axis, 0.0) + seconds
             flops += pass_cost.flops
             recompute_flops += pass_cost.recompute_flops
     # Vocabulary parallelism's pipeline-group collectives run on their own stream beside the chunk's
@@ -870,9 +878,10 @@ def chunk_cost(
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
-    passes = [sum(c.forward.total_s for c in costs) - hidden_pp[0] + f_p2p,
-              sum(c.backward_input.total_s for c in costs) - hidden_pp[1] + b_p2p,
-              sum(c.backward_weight.total_s for c in costs) - hidden_pp[2]]
+    totals = [passes_of[id(c)][1] for c in costs]
+    passes = [sum(t[0] for t in totals) - hidden_pp[0] + f_p2p,
+              sum(t[1] for t in totals) - hidden_pp[1] + b_p2p,
+              sum(t[2] for t in totals) - hidden_pp[2]]
     if plan.activation_offload:
         passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))
     work = ChunkWork(

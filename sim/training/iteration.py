@@ -294,6 +294,11 @@ def _chunks_of_class(
         return cache.memo("layer", (chunk_context, kind, ordered, links_key(ordered)),
                           lambda: price_layer(setup, ops, links, cache))
 
+    def prices(kinds: tuple[Any, ...]) -> list[LayerCost]:
+        # a chunk's layers repeat a few kinds: each distinct kind looked up once (a pure memo)
+        of = {kind: price(kind) for kind in dict.fromkeys(kinds)}
+        return [of[kind] for kind in kinds]
+
     def kinds_of(layers: range, first: bool, last: bool, recomputed: int) -> tuple[tuple[Any, ...], tuple[str, ...]]:
         kinds = tuple(chunk_layer_kinds(setup, layers=layers, first=first, last=last, recomputed=recomputed))
         return kinds, tuple(sorted(frozenset(blocking_p2p_axes(setup)).union(*(ops_of(k)[1] for k in set(kinds)))))
@@ -308,7 +313,7 @@ def _chunks_of_class(
             (chunk_context, axes, links_key(axes), chunk_signature),
             lambda: chunk_cost(
                 setup, layers=layers, first=first, last=last, recomputed=chunk_signature[4], links=links,
-                layer_cache={}, cache=cache, layer_costs=[price(kind) for kind in kinds],
+                layer_cache={}, cache=cache, layer_costs=prices(kinds),
             ),
         ))
     return chunk_times(tuple(c.work for c in costs)), tuple((c.flops, c.recompute_flops) for c in costs)

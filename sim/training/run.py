@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import networkx as nx
-import pandas as pd
 
 from hardware import cost, units
 from sim import costmodel
@@ -22,6 +21,9 @@ from sim.training.iteration import IterationWork, build_iteration
 from sim.training.hetero import describe, peak_flops_per_s, setup_memory, stage_setup
 from sim.training.memory import MemoryBreakdown
 from workloads.graph import op_graph
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 AXES = ("tp", "pp", "dp", "cp", "ep")
 _TOTAL_BYTES = attrgetter("total_bytes")
@@ -226,6 +228,8 @@ class TrainingResult:
 
     # ---- files ----------------------------------------------------------------------------------
     def stage_frame(self) -> pd.DataFrame:
+        import pandas as pd  # here, not at import: the plan search and the CLI's other paths never need it
+
         rows = []
         for stage, breakdown in zip(self.work.pipeline.stages, self.memory):
             rows.append(
@@ -254,6 +258,8 @@ class TrainingResult:
 
     def op_frame(self) -> pd.DataFrame:
         """Every op of one layer (dense and, for MoE models, MoE) with its pass, seconds and FLOPs."""
+        import pandas as pd
+
         links = group_links(self.setup, 0)
         setup, _ = stage_setup(self.setup, 0)  # a heterogeneous cluster: stage 0's group
         kinds = [False] + ([True] if setup.model.is_moe else [])

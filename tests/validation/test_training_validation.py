@@ -78,7 +78,7 @@ def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
     # published-training.md A9-A11 and A13 through the user path; the issue's 7 % target is not met
-    # (10.5 %, signed -9.6 %): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # (10.1 %, signed -9.2 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
@@ -95,6 +95,10 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
     assert len(mlperf) == 5 and all(c.config["parallel"]["virtual_stages"] == 12 for c in mlperf)
     assert all(11.0 < c.published < 12.2 or 1.6 < c.published < 1.63 for c in mlperf)
+    # their 2023 stacks (nemo-1.17: TE 0.8 with FlashAttention-1; nemo-1.20) and the per-module fp8 amax /
+    # scale updates of that TE bring all five within 16 % (were -21.7, -22.0, -14.4, -18.0, -18.5 %)
+    assert {c.config["training"]["framework"] for c in mlperf} == {"nemo-1.17", "nemo-1.20"}
+    assert all(abs(errors[c.row]) <= 0.16 for c in mlperf)
     # mechanisms of this issue, each with a row it moves: llm-foundry's FA1-class attention and fp8 GEMMs at
     # the fp8 MAMF fraction bring these within 15 % (were -27.7 %, -20.4 %)
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.15 and abs(errors["nemo-llama2-7b"]) <= 0.16
