@@ -384,40 +384,46 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth], axis=1)
     no_choice = 3 * int(span.max())
     columns = 2 * per_stage
-    # per (lane, column), flat: the next op's micro-batch and the ends it waits for and sets
-    # (first + micro-batch, second + ..., at + ...), moved on as the column's ops are placed
-    nxt = np.zeros(lanes * columns, dtype=np.int64)
-    wait_a, wait_b, end_at = first.ravel(), second.ravel(), at.ravel()
-    keys, room = keys.ravel(), room.reshape(lanes, columns)
-    column_kind = np.concatenate([np.full(per_stage, B_CODE), np.full(per_stage, F_CODE)])
-    column_held = np.concatenate([np.full(per_stage, -1), np.full(per_stage, 1)])
-    b_duration = 1 if split else 2
-    column_duration = np.concatenate([np.full(per_stage, b_duration), np.full(per_stage, 1)])
-    column_chunk = np.tile(np.arange(per_stage), 2)
+    # per (lane, column), flat, in the rows of ``state``: the next op's micro-batch, where it ends
+    # (at + micro-batch), the two ends it waits for (first + ..., second + ...) and its key, moved
+    # on by ``step`` as the column's ops are placed
+    flat_size = lanes * columns
+    state = np.stack([np.zeros(flat_size, dtype=np.int64), at.ravel(), first.ravel(), second.ravel(), keys.ravel()])
+    step = np.ones_like(state)
+    step[4] = np.repeat(lane_chunks, columns)
+    waits, keys = state[2:4], state[4].reshape(lanes, columns)
+    wait_a, wait_b = waits
+    state_flat, step_flat = state.ravel(), step.ravel()  # (one fancy index into all rows: rows offset by flat_size)
+    row_offsets = (np.arange(len(state)) * flat_size)[:, None]
+    room = room.reshape(lanes, columns)
+    # an op placed is recorded as its micro-batch and its column: B of local chunk c is column c, F
+    # column per_stage + c, W of chunk c the pseudo-column 2 per_stage + c (pass and chunk by column)
+    column_kind = np.repeat([B_CODE, F_CODE, W_CODE], per_stage)
+    column_chunk = np.tile(np.arange(per_stage), 3)
+    column_held = np.repeat([-1, 1], per_stage)
+    column_duration = np.repeat([1 if split else 2, 1], per_stage)
     lane_column_m = np.repeat(lane_m, columns)
-    lane_column_chunks = np.repeat(lane_chunks, columns)
     held = np.zeros(lanes, dtype=np.int64)
     free = np.zeros(lanes, dtype=np.int64)
     total = 3 * lane_m * per_stage
     out_base = np.cumsum(total) - total
-    out = np.zeros((3, int(total.sum())), dtype=np.int64)  # columns of the rows: pass code, micro-batch, local chunk
-    out_kind, out_mb, out_chunk = out
-    cursor = out_base.copy()  # per lane, where its next op goes in ``out``
-    # pending W per lane (micro-batch, local chunk) in B order: a queue with head and tail
+    out_mb, out_column = np.zeros((2, int(total.sum())), dtype=np.int64)
+    cursor = out_base.copy()  # per lane, where its next op goes in ``out_mb`` / ``out_column``
+    # pending W per lane (micro-batch, pseudo-column) in B order: a queue with head and tail
     queue_base = out_base // 3
-    queue_mb, queue_chunk = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
+    queue_mb, queue_column = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
     head, tail = queue_base.copy(), queue_base.copy()
     row_start = np.arange(lanes) * columns
     left = int(total.sum())  # ops not yet placed
     t = 0
     while True:
         # every lane's choices: its best ready B or F (a W, pending since its B, only when none is)
-        score = np.where((ends[wait_a] <= t) & (ends[wait_b] <= t), keys, no_choice).reshape(lanes, columns)
-        score[held[:, None] > room] = no_choice
+        ready = np.maximum(ends.take(wait_a), ends.take(wait_b)) <= t
+        score = np.where(ready.reshape(lanes, columns) & (held[:, None] <= room), keys, no_choice)
         column = score.argmin(axis=1)
         best = row_start + column
-        has_fb = keys[best] == score.ravel()[best]  # the best is a ready op (keys are below no_choice)
-        rows = np.flatnonzero((has_fb | (head < tail)) & (free <= t))
+        has_fb = score.ravel().take(best) < no_choice  # the best is a ready op (keys are below no_choice)
+        rows = ((has_fb | (head < tail) if split else has_fb) & (free <= t)).nonzero()[0]
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
             if not len(later_free):
@@ -431,47 +437,44 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
         row = cursor[rows]
         cursor[rows] += 1
         free[rows] = t + 1
-        if not is_fb.all():
+        if not _all(is_fb):
             w_stages = rows[~is_fb]
-            w_row = row[~is_fb]
             w_slot = head[w_stages]
-            out_kind[w_row], out_mb[w_row], out_chunk[w_row] = W_CODE, queue_mb[w_slot], queue_chunk[w_slot]
+            w_row = row[~is_fb]
+            out_mb[w_row], out_column[w_row] = queue_mb[w_slot], queue_column[w_slot]
             head[w_stages] += 1
             stages, row = rows[is_fb], row[is_fb]
         else:
             stages = rows
         c = column[stages]
         flat = best[stages]
-        mb = nxt[flat]
-        out_kind[row], out_mb[row], out_chunk[row] = column_kind[c], mb, column_chunk[c]
-        ends[end_at[flat]] = t + column_duration[c]
-        nxt[flat] += 1
-        end_at[flat] += 1
-        wait_a[flat] += 1
-        wait_b[flat] += 1
-        keys[flat] += lane_column_chunks[flat]
+        mb = state[0, flat]
+        out_mb[row], out_column[row] = mb, c
+        ends[state[1, flat]] = t + column_duration[c]
+        entries = flat + row_offsets
+        state_flat[entries] += step_flat[entries]
         gone = flat[mb + 1 == lane_column_m[flat]]  # the column's last op: it never has another
         if len(gone):
-            wait_a[gone] = nowhere
-            wait_b[gone] = nowhere
+            waits[:, gone] = nowhere
         held[stages] += column_held[c]
         is_b = c < per_stage
         b_stages = stages[is_b]
         if split:
             slot = tail[b_stages]
-            queue_mb[slot], queue_chunk[slot] = mb[is_b], c[is_b]
+            queue_mb[slot], queue_column[slot] = mb[is_b], c[is_b] + 2 * per_stage
             tail[b_stages] += 1
         elif len(b_stages):
             w_row = cursor[b_stages]
-            out_kind[w_row], out_mb[w_row], out_chunk[w_row] = W_CODE, mb[is_b], c[is_b]
+            out_mb[w_row], out_column[w_row] = mb[is_b], c[is_b] + 2 * per_stage
             cursor[b_stages] += 1
             free[b_stages] = t + 2
         left -= len(rows) + (0 if split else len(b_stages))
         if not left:
             break
         t += 1
+    out = np.stack([column_kind[out_column], out_mb, column_chunk[out_column]], axis=1)  # rows (pass code, micro-batch, local chunk)
     cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
-    return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(np.ascontiguousarray(out.T), cuts))]
+    return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(out, cuts))]
 
 
 def _greedy_spec(schedule: str, pp: int, m: int, v: int) -> GreedySpec | None:
@@ -693,11 +696,12 @@ def _pareto_lanes(counts: np.ndarray) -> list[tuple[Vector, ...]]:
     code.sort(axis=1)
     distinct = np.ones(code.shape, dtype=bool)
     distinct[:, 1:] = code[:, 1:] != code[:, :-1]
-    rows = np.stack([code >> 42, (code >> 21) & (1 << 21) - 1, code & (1 << 21) - 1], axis=2)
     # a row is dominated when another distinct row is >= in every count (the row itself is one such)
-    covering = ((rows[:, None, :, :] >= rows[:, :, None, :]).all(axis=3) & distinct[:, None, :]).sum(axis=2)
+    f, b, w = code >> 42, (code >> 21) & (1 << 21) - 1, code & (1 << 21) - 1
+    covering = ((f[:, None, :] >= f[:, :, None]) & (b[:, None, :] >= b[:, :, None]) & (w[:, None, :] >= w[:, :, None])
+                & distinct[:, None, :]).sum(axis=2)
     lanes, columns = np.nonzero(distinct & (covering == 1))
-    kept = rows[lanes, columns]
+    kept = np.stack([f[lanes, columns], b[lanes, columns], w[lanes, columns]], axis=1)
     order = np.argsort((lanes << 24) | ((1 << 23) - kept.sum(axis=1)), kind="stable")
     lanes = lanes[order]
     vectors = list(map(tuple, kept[order].tolist()))
@@ -1065,7 +1069,7 @@ class ProgramGraph:
         bounds = self.bounds
         for lo, hi in zip(bounds[:-1], bounds[1:]):  # a level's ops: the range lo:hi
             level = end[lo:hi]
-            np.maximum(end[prev[lo:hi]], end[dep[lo:hi]], out=level)
+            np.maximum(end.take(prev[lo:hi], axis=0), end.take(dep[lo:hi], axis=0), out=level)
             level += duration[lo:hi]
         return end[self.level_first_dep], end[self.level_last]
 
