@@ -26,7 +26,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from sim.training.schedules import ProgramProfile, amortises_gathers, program_graph, program_profile, tiles_iterations
-from sim.training.work import ChunkWork, CommWork, PipelineWork
+from sim.training.work import ChunkWork, CommWork, PipelineWork, overlap_stretch_s
 
 
 _DURATION = attrgetter("duration_s")
@@ -128,6 +128,7 @@ def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
         virtual_stages=work.virtual_stages,
         p2p_bandwidth_Bps=work.p2p_bandwidth_Bps,
         p2p_latency_s=work.p2p_latency_s,
+        overlap_slowdown=work.overlap_slowdown,
     )
 
 
@@ -140,6 +141,7 @@ def analytic_iteration_classes(
     virtual_stages: int,
     p2p_bandwidth_Bps: Sequence[float],
     p2p_latency_s: Sequence[float],
+    overlap_slowdown: float,
 ) -> PipelineEstimate:
     """``analytic_iteration`` of the pipeline whose stage s has the times ``classes[stage_class[s]]``;
     entry i of the p2p tuples is the link from stage i to stage (i + 1) % pp."""
@@ -153,7 +155,10 @@ def analytic_iteration_classes(
         p2p_bandwidth_Bps=p2p_bandwidth_Bps,
         p2p_latency_s=p2p_latency_s,
     )
-    return finish_iteration(phase, chunk_of, [c[1] for c in classes], stage_class, num_microbatches=num_microbatches)
+    return finish_iteration(
+        phase, chunk_of, [c[1] for c in classes], stage_class, num_microbatches=num_microbatches,
+        overlap_slowdown=overlap_slowdown,
+    )
 
 
 class PipelinePhase(NamedTuple):
@@ -366,9 +371,12 @@ def finish_iteration(
     stage_class: Sequence[int],
     *,
     num_microbatches: int,
+    overlap_slowdown: float,
 ) -> PipelineEstimate:
     """The iteration after ``phase``: every stage finishes its data-parallel work and optimizer step
-    after its last backward; the latest finish is the iteration time."""
+    after its last backward; the latest finish is the iteration time. The compute that the
+    data-parallel stream overlaps runs ``overlap_slowdown`` times slower meanwhile (the DES's rule,
+    ``work.compute_beside_communication``), which the exposed dp time includes."""
     m, pipeline = num_microbatches, phase.pipeline_time_s
     # data-parallel time exposed after each class's last backward (the last micro-batch's backward
     # hides the gradient buckets; ZeRO-3 gathers hide behind the stage's compute), and its finish
@@ -380,10 +388,18 @@ def finish_iteration(
             # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and
             # its B and reduce-scatters its gradients (once per loop under bfs: ``gather_rounds``);
             # the stream hides behind the stage's compute but the first gather and the last bucket
+            # are exposed; the rest overlaps the m micro-batches' compute and slows it
             stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
-            exposed_dp = dp.gathers_s[0] + dp.last_bucket_s + max(0.0, stream - m * chunk.total_s)
+            ends = dp.gathers_s[0] + dp.last_bucket_s
+            compute = m * chunk.total_s
+            stretch = overlap_stretch_s(compute, stream - ends, overlap_slowdown)
+            exposed_dp = ends + stretch + max(0.0, stream - compute - stretch)
+        elif dp.grad_sync:
+            # every bucket but the last overlaps the last micro-batch's backward and slows it
+            stretch = overlap_stretch_s(chunk.backward_s, dp.grad_sync_s - dp.last_bucket_s, overlap_slowdown)
+            exposed_dp = max(dp.last_bucket_s + stretch, dp.grad_sync_s - chunk.backward_s)
         else:
-            exposed_dp = max(dp.last_bucket_s, dp.grad_sync_s - chunk.backward_s) if dp.grad_sync else 0.0
+            exposed_dp = 0.0
         exposed_dp_of.append(exposed_dp)
         # the serial buckets (no overlap) run before the optimizer: all of them are exposed
         after_of.append(dp.optimizer_s + dp.serial_grad_sync_s)

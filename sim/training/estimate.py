@@ -148,7 +148,8 @@ def _evaluate(
         ),
     )
     estimate = finish_iteration(
-        phase, priced.chunks, priced.data_parallel, layout.stage_class, num_microbatches=priced.num_microbatches
+        phase, priced.chunks, priced.data_parallel, layout.stage_class, num_microbatches=priced.num_microbatches,
+        overlap_slowdown=priced.overlap_slowdown,
     )
     job = setup.job
     model_flops, full_attention = cache.memo(

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import simpy
 
 from sim.training.schedules import Program, amortises_gathers, schedule_program, tiles_iterations
-from sim.training.work import PipelineWork
+from sim.training.work import PipelineWork, compute_beside_communication
 
 _AXES_IN_CHUNKS = ("tp", "cp", "ep")
 
@@ -119,10 +119,9 @@ class _DpStream:
                     return t + remaining
                 remaining -= gap
                 t = start
-            capacity = (end - t) / self.slowdown
-            if remaining <= capacity:
-                return t + remaining * self.slowdown
-            remaining -= capacity
+            inside, remaining = compute_beside_communication(remaining, end - t, self.slowdown)
+            if remaining == 0.0:
+                return t + inside
             t = end
         return t + remaining
 

@@ -71,3 +71,25 @@ class PipelineWork:
     @property
     def pp(self) -> int:
         return len(self.stages)
+
+
+def compute_beside_communication(work_s: float, window_s: float, slowdown: float) -> tuple[float, float]:
+    """Nominal compute ``work_s`` started at the opening of a ``window_s`` window in which
+    communication kernels hold some of the SMs, so that compute progresses at rate
+    ``1 / slowdown`` (``overlap_slowdown``): (wall seconds it runs inside the window, nominal
+    seconds left when the window closes). The one rule of both fidelities: the DES applies it to
+    every data-parallel kernel interval in turn (``pipeline_des._DpStream``), the analytic
+    fidelity to the data-parallel stream that overlaps a stage's compute (``analytic.finish_iteration``)."""
+    capacity = window_s / slowdown
+    if work_s <= capacity:
+        return work_s * slowdown, 0.0
+    return window_s, work_s - capacity
+
+
+def overlap_stretch_s(work_s: float, window_s: float, slowdown: float) -> float:
+    """Seconds that ``window_s`` of overlapping communication adds to ``work_s`` of nominal compute
+    (``compute_beside_communication``): 0 without a slowdown."""
+    if slowdown == 1.0 or window_s <= 0.0 or work_s <= 0.0:
+        return 0.0
+    inside, left = compute_beside_communication(work_s, window_s, slowdown)
+    return inside + left - work_s

@@ -36,9 +36,12 @@ def test_phase_then_finish_is_the_closed_form() -> None:
     before = dict(phase.exposed_comm_s)
     split = finish_iteration(
         phase, chunk_of, [c.data_parallel for c in priced.classes], priced.layout.stage_class,
-        num_microbatches=priced.num_microbatches,
+        num_microbatches=priced.num_microbatches, overlap_slowdown=priced.overlap_slowdown,
     )
-    whole = analytic_iteration_classes([(c.chunk, c.data_parallel) for c in priced.classes], priced.layout.stage_class, **kwargs)
+    whole = analytic_iteration_classes(
+        [(c.chunk, c.data_parallel) for c in priced.classes], priced.layout.stage_class, **kwargs,
+        overlap_slowdown=priced.overlap_slowdown,
+    )
     assert split == whole
     assert phase.exposed_comm_s == before  # the shared phase is never modified
     assert list(split.exposed_comm_s) == ["tp", "cp", "ep", "pp", "dp"]

@@ -75,6 +75,7 @@ def test_class_closed_form_equals_per_stage_closed_form(name: str) -> None:
         virtual_stages=priced.virtual_stages,
         p2p_bandwidth_Bps=priced.p2p_bandwidth_Bps,
         p2p_latency_s=priced.p2p_latency_s,
+        overlap_slowdown=priced.overlap_slowdown,
     )
     assert by_class == analytic_iteration(build_iteration(setup).pipeline)
 
