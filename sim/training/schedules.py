@@ -787,7 +787,8 @@ def _lanes(programs: list[Program]) -> _Lanes:
         pp, v = program.pp, program.chunks_per_stage
         ops = program.ops
         local_to_global = _local_chunks(program.placement, pp)
-        occupancy.append(program.occupancy[1:])
+        held = program.occupancy
+        occupancy.append((held.peak_held_chunks, held.last_chunk_inflight))
         stage_of = np.repeat(np.arange(pp), ops.shape[1])
         kind, mb, chunk = ops.reshape(-1, 3).T
         if not program.split_backward:  # the W right after a fused B is part of it
@@ -1425,11 +1426,6 @@ def plan_layer_counts(num_layers: int, plan: Any) -> tuple[int, ...]:
     from workloads.plan import stage_layer_counts
 
     return stage_layer_counts(num_layers, plan, plan_placement(plan))
-
-
-def plan_profile(plan: Any, num_microbatches: int) -> ProgramProfile:
-    """``program_profile`` of a ``ParallelPlan``'s schedule."""
-    return program_profile(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)
 
 
 def plan_occupancy(plan: Any, num_microbatches: int) -> ProgramProfile | ProgramOccupancy:

@@ -8,7 +8,7 @@ import pytest
 from sim.training.config import parse_training
 from sim.training.costs import activation_offload_stall_s, end_ops
 from sim.training.memory import memory_per_stage
-from sim.training.schedules import plan_profile
+from sim.training.schedules import plan_occupancy
 from tests.test_examples_training import EXAMPLES, _config, simulate
 
 VOCAB = EXAMPLES / "train-vocab-parallel.toml"
@@ -65,7 +65,7 @@ def test_vocab_parallel_with_v_half_balances_memory_too() -> None:
 
 def test_offloaded_activation_memory_follows_the_program() -> None:
     setup = setup_of(OFFLOAD)
-    stage0 = plan_profile(setup.plan, setup.num_microbatches).inflight_stages(0)
+    stage0 = plan_occupancy(setup.plan, setup.num_microbatches).inflight_stages(0)
     full = simulate(OFFLOAD, "analytic", "parallel.activation_offload=0")["memory_bytes"]["activations"]
     for fraction in (0.25, 0.5, 1.0):
         held = simulate(OFFLOAD, "analytic", f"parallel.activation_offload={fraction}")["memory_bytes"]["activations"]
