@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from hardware.collectives import GroupLinks, num_channels
 from hardware.topology import Cluster
 from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section, supported_precision
 from sim.errors import ConfigError
@@ -75,6 +76,17 @@ def default_overlap_slowdown(sm_count: int) -> float:
 P2P_COMMUNICATION_SMS = 8
 
 
+def dp_overlap_slowdown(links: GroupLinks, sm_count: int) -> float:
+    """Compute slowdown (>= 1) while a data-parallel collective on ``links`` overlaps compute: NCCL
+    runs one thread block per channel and never shares those SMs with compute kernels (NCCL
+    maintainer, NVIDIA/nccl#689). Inside one node the collective runs on NCCL's ring channels
+    (``hardware.collectives.num_channels``: two per NVLink up to MAXCHANNELS, 24 on DGX A100 as
+    nccl-tests#100's HGX A100 log shows, 32 on H100/H200); a group across nodes on COMMUNICATION_SMS
+    (16 on a DGX with 8 NICs, NVIDIA/nccl#689; the 3-node H100 log of NVIDIA/nccl#1453 builds 16 channels)."""
+    held = num_channels(links) if links.num_nodes <= 1 else COMMUNICATION_SMS
+    return sm_count / (sm_count - min(held, sm_count // 2))
+
+
 def p2p_overlap_slowdown(overlap_slowdown: float, sm_count: int) -> float:
     """Compute slowdown while a send/recv kernel overlaps it: the SMs the run's collectives hold
     (``overlap_slowdown`` = SMs / (SMs - held)), capped at P2P_COMMUNICATION_SMS."""
@@ -96,6 +108,9 @@ class TrainingSetup:
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean
     overlap_slowdown: float  # >= 1
+    # the slowdown while the data-parallel stream overlaps compute; None: from the data-parallel
+    # group's NCCL channels (``dp_overlap_slowdown``); a set ``[parallel] overlap_slowdown`` sets both
+    data_parallel_overlap_slowdown: float | None = None
     framework: str = "megatron-core"  # the software-stack profile (sim/stacks/training/)
     # weight-gradient accumulation into the main-grad buffer: "fused" (in the GEMM epilogue),
     # "unfused" (a separate add kernel per micro-batch) or "none" (autograd writes .grad)
@@ -360,6 +375,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         overlap_slowdown=_float(
             parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
         ),
+        data_parallel_overlap_slowdown=_float(parallel, "overlap_slowdown", "parallel", 1.0, 1.0, 100.0)
+        if "overlap_slowdown" in parallel else None,
         framework=stack.name,
         main_grad_accumulation=settings["main_grad_accumulation"],
         optimizer_kernels=settings["optimizer_kernels"],

@@ -11,7 +11,7 @@ from hardware.collectives import GroupLinks
 from hardware.topology import spanning_p2p_links
 
 from sim.training.analytic import ChunkTimes, DataParallelTimes, chunk_times, data_parallel_times
-from sim.training.config import TrainingSetup
+from sim.training.config import TrainingSetup, dp_overlap_slowdown
 from sim.training.costs import (
     GROUP_AXES,
     LayerCost,
@@ -414,6 +414,20 @@ class IterationClasses(NamedTuple):
         return tuple(StageClassWork(*parts) for parts in zip(self.chunks, self.data_parallel, self.chunk_flops))
 
 
+def data_parallel_overlap_slowdown(setup: TrainingSetup, layout: StageLayout) -> float:
+    """The compute slowdown while the data-parallel stream overlaps compute (``PipelineWork.overlap_slowdown``):
+    the set ``[parallel] overlap_slowdown``, else from the SMs NCCL's channels hold on stage 0's
+    data-parallel group (the FSDP shard group under HSDP; ``config.dp_overlap_slowdown``)."""
+    if setup.data_parallel_overlap_slowdown is not None:
+        return setup.data_parallel_overlap_slowdown
+    links = layout.links[0]
+    group = links["dp_shard"] if setup.plan.hsdp else links["dp"]
+    if group.size <= 1:
+        return setup.overlap_slowdown
+    cluster = setup.groups[layout.class_group[0]].cluster if setup.groups else setup.cluster
+    return dp_overlap_slowdown(group, cluster.gpu.sm_count)
+
+
 def build_iteration_classes(
     setup: TrainingSetup, cache: PricingCache | None = None, *, keys: PricingKeys | None = None
 ) -> IterationClasses:
@@ -447,7 +461,7 @@ def build_iteration_classes(
         virtual_stages=plan.virtual_stages,
         p2p_bandwidth_Bps=layout.p2p_bandwidth_Bps,
         p2p_latency_s=layout.p2p_latency_s,
-        overlap_slowdown=setup.overlap_slowdown,
+        overlap_slowdown=data_parallel_overlap_slowdown(setup, layout),
         hardware_flops_per_replica=chunks.flops * m * ranks_per_stage,
         recompute_flops_per_replica=chunks.recompute_flops * m * ranks_per_stage,
     )

@@ -111,6 +111,34 @@ def test_analytic_charges_the_des_overlap_slowdown_on_data_parallel_traffic(conf
     assert slowed > analytic["exposed_communication_s"]["dp"]  # the slowdown is charged
 
 
+def test_data_parallel_overlap_holds_the_sms_of_the_groups_nccl_channels() -> None:
+    # inside a DGX H100 NCCL rings run on 32 channels (two per NVLink, MAXCHANNELS 32), one SM each;
+    # on a DGX A100 on 24; a group across nodes holds the 16 SMs of an 8-NIC node (NVIDIA/nccl#689)
+    from sim.training.config import dp_overlap_slowdown
+    from sim.training.iteration import build_iteration
+
+    def pipeline(config: dict):  # type: ignore[no-untyped-def]
+        return build_iteration(parse_training(config)).pipeline
+
+    assert pipeline(_mpt13b_llm_foundry(3)).overlap_slowdown == pytest.approx(132 / (132 - 32))
+    a100 = _mpt13b_llm_foundry(3)
+    a100["cluster"] = {"gpu": "a100-sxm-80gb", "num_gpus": 8}
+    assert pipeline(a100).overlap_slowdown == pytest.approx(108 / (108 - 24))
+    across = _zero3("llama3-8b", 16, 1, 1, 32, 4096)  # dp 16 over two nodes
+    assert pipeline(across).overlap_slowdown == pytest.approx(default_overlap_slowdown(132))
+    # the set [parallel] overlap_slowdown calibrates the data-parallel stream too
+    fixed = _mpt13b_llm_foundry(3)
+    fixed["parallel"] = {**fixed["parallel"], "overlap_slowdown": 1.05}
+    assert pipeline(fixed).overlap_slowdown == 1.05
+    links = group_links(parse_training(_mpt13b_llm_foundry(3)), 0)["dp"]
+    assert dp_overlap_slowdown(links, 132) == pytest.approx(1.32)
+    # more SMs held, slower: the 8-GPU FSDP row runs longer than with the 16-SM default
+    default = {**_mpt13b_llm_foundry(3)}
+    default["parallel"] = {**default["parallel"], "overlap_slowdown": default_overlap_slowdown(132)}
+    held = simulate_training(_mpt13b_llm_foundry(3), RunOptions(fidelity="des")).metrics()["iteration_time_s"]
+    assert held > simulate_training(default, RunOptions(fidelity="des")).metrics()["iteration_time_s"]
+
+
 def test_compute_beside_communication_closed_form() -> None:
     # 132 SMs, 16 held: compute progresses at 116/132 while the window is open
     slowdown = default_overlap_slowdown(132)

@@ -87,7 +87,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.134 and MODERN_THRESHOLDS[0].max_row_error <= 0.238
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.100 and MODERN_THRESHOLDS[0].max_row_error <= 0.238
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
@@ -105,6 +105,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # the FA1-class kernel at FA1's hd128 fraction of FA2 (0.464, not one 0.53) brings the long-sequence
     # llm-foundry H100 row within 3 % (was -11.2 %)
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.03
+    # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
+    # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group)
+    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.14
     # llm-foundry's MP Mode column: PURE (16-bit reduction) on the older A100 rows, DEFAULT (fp32) elsewhere
     reduce = {c.row: c.config["training"].get("grad_reduce_dtype") for c in modern.comparisons if c.row.startswith("foundry")}
     assert {row for row, dtype in reduce.items() if dtype == "16bit"} == {"foundry-mpt-70b-a100-64", "foundry-mpt-7b-a100-40gb-128"}
