@@ -163,7 +163,8 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         setup.fp8_backward_accumulation,
     ))
     setup_context = cache.intern(
-        ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
+        ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework,
+         setup.data_parallel_overlap_slowdown)
     )
     dp_context = cache.intern(
         ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, _dp_job_values(job),
