@@ -32,7 +32,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
     "training": {
         "attention_kernel": ("training", ("flash", "flash1", "unfused")),
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16", "16bit")),
-        "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
+        "main_grad_accumulation": ("training", ("fused", "unfused", "none", "flat_param")),
         "optimizer_kernels": ("training", ("fused", "per_op")),
         "grad_buffer_passes": ("training", ("shard", "megatron_ddp")),
         "linear_bias": ("training", ("fused", "unfused")),

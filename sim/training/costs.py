@@ -469,17 +469,24 @@ def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
     the GEMM wrote and reads and writes the main-grad element (``grad_reduce_dtype``), every
     micro-batch. "fused" (Megatron-Core gradient_accumulation_fusion / TE fuse_wgrad_accumulation):
     the GEMM epilogue reads and writes the fp32 C instead, hidden under the compute-bound main loop
-    of a weight-gradient GEMM, so no separate kernel. "none": autograd writes ``.grad`` directly."""
-    if setup.main_grad_accumulation != "unfused":
+    of a weight-gradient GEMM, so no separate kernel. "none": autograd writes ``.grad`` directly.
+    "flat_param" (torch FSDP's FlatParameter, FSDP1): the weights are views that ``torch.split`` cut
+    from the unit's flat parameter (flat_param.py ``_get_unflat_views``), so split's backward copies
+    each weight gradient the GEMM wrote into the unit's flat gradient, every micro-batch: one read and
+    one write of the gradient in the GEMM's output dtype."""
+    if setup.main_grad_accumulation not in ("unfused", "flat_param"):
         return w_ops
     out: list[Op] = []
-    per_element = 2.0 * setup.grad_reduce_bytes
+    flat = setup.main_grad_accumulation == "flat_param"
+    per_element = 0.0 if flat else 2.0 * setup.grad_reduce_bytes
     for op in w_ops:
         out.append(op)
         if op.kind == "gemm":
             elements = op.m * op.n * op.batch
-            out.append(Op(name=f"{op.name}_accumulate", kind="memory",
-                          bytes_moved=elements * (op.bytes_per_element + per_element)))
+            grad_bytes = bytes_per_element("bf16" if setup.job.precision == "fp8" else setup.job.precision)
+            written = 2.0 * grad_bytes if flat else op.bytes_per_element
+            out.append(Op(name=f"{op.name}_{'flat_grad_copy' if flat else 'accumulate'}", kind="memory",
+                          bytes_moved=elements * (written + per_element)))
     return out
 
 

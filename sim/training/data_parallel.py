@@ -13,6 +13,7 @@ from sim.training.config import TrainingSetup
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import CommWork
 from workloads.graph import Op
+from workloads.precision import bytes_per_element
 from sim.training.schedules import chunk_ends, plan_layer_counts, plan_placement
 from workloads.plan import chunk_recompute_counts
 
@@ -140,6 +141,24 @@ def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
     return signature_parameters(setup, stage_signatures(setup)[stage])
 
 
+def flat_gradient_prepare_bytes(setup: TrainingSetup, shard: int) -> float:
+    """HBM bytes per gradient element that torch FSDP (``main_grad_accumulation = "flat_param"``)
+    moves on its post-backward stream around each unit's reduce-scatter, every micro-batch
+    (torch/distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` / ``_reduce_grad``): a cast of
+    the unsharded gradient to the reduction dtype when it differs from the compute dtype (read 2,
+    write 4), the in-place division by the predivide factor (``_div_if_needed(padded_unsharded_grad,
+    gradient_predivide_factor)``, > 1 from two ranks on: read and write), then on the 1/shard
+    shard the post-divide (read and write) and the cast back to the fp32 parameter dtype
+    (``_cast_grad_to_param_dtype``, read and write 4). 0 for the other stacks or one rank."""
+    if setup.main_grad_accumulation != "flat_param" or shard <= 1:
+        return 0.0
+    reduce_bytes = setup.grad_reduce_bytes
+    compute_bytes = bytes_per_element("bf16" if setup.job.precision == "fp8" else setup.job.precision)
+    cast = compute_bytes + reduce_bytes if reduce_bytes != compute_bytes else 0.0
+    to_param = reduce_bytes + 4.0 if reduce_bytes != 4.0 else 0.0
+    return cast + 2.0 * reduce_bytes + (2.0 * reduce_bytes + to_param) / shard
+
+
 def grad_sync_work(
     setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
 ) -> tuple[CommWork, ...]:
@@ -168,10 +187,17 @@ def grad_sync_for_parameters(
     kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     shard = links["dp_shard"].size if plan.hsdp else group.size
 
+    prepare = flat_gradient_prepare_bytes(setup, shard)
+
     def seconds(message: float) -> float:
+        before = 0.0
+        if prepare:
+            elements = message / grad_bytes
+            op = Op(name="fsdp_grad_predivide", kind="memory", bytes_moved=elements * prepare)
+            before = costmodel.op_time_s(op, setup.cluster.gpu, precision=setup.job.precision, links=links)
         if not plan.hsdp:
-            return collective(kind, message, group)
-        return collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
+            return before + collective(kind, message, group)
+        return before + collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
             _ALL_REDUCE, message / shard, links["dp_replicate"]
         )
 

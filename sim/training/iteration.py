@@ -168,6 +168,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     )
     dp_context = cache.intern(
         ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, setup.grad_buffer_passes,
+         setup.main_grad_accumulation,
          _dp_job_values(job),
          _dp_plan_values(plan))
     )

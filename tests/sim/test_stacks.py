@@ -53,7 +53,7 @@ def test_framework_selects_the_profile_and_config_keys_override_it() -> None:
     assert mixed.attention_kernel == "flash" and mixed.dp_comm_overlap and mixed.main_grad_accumulation == "unfused"
     with pytest.raises(ConfigError, match="framework = 'megatron-1999'; allowed: "):
         parse_training(_config(framework="megatron-1999"))
-    with pytest.raises(ConfigError, match="main_grad_accumulation = 'sometimes'; allowed: fused, unfused, none"):
+    with pytest.raises(ConfigError, match="main_grad_accumulation = 'sometimes'; allowed: fused, unfused, none, flat_param"):
         parse_training(_config(main_grad_accumulation="sometimes"))
 
 
@@ -83,6 +83,40 @@ def test_unfused_main_grad_accumulation_adds_one_add_kernel_per_weight_gradient(
                              RunOptions(fidelity="analytic")).metrics()
     assert slow["iteration_time_s"] > fast["iteration_time_s"]
     assert slow["framework"] == "megatron-2021"
+
+
+def test_fsdp_flat_parameter_copies_and_predivides_every_gradient() -> None:
+    # torch FSDP1 (llm-foundry): split's backward copies each wgrad GEMM's 16-bit gradient into the
+    # flat gradient (read 2 + write 2 bytes an element), and FSDP divides the unsharded gradient in
+    # place before each reduce-scatter (bf16: read 2 + write 2), then the 1/8 shard (post-divide 2 + 2,
+    # cast to the fp32 parameter 2 + 4)
+    from sim.training.data_parallel import flat_gradient_prepare_bytes
+
+    config = _config(precision="bf16", framework="llm-foundry")
+    config["parallel"] = {"tp": 1, "pp": 1, "zero": 3}
+    setup = parse_training(config)
+    assert (setup.main_grad_accumulation, setup.grad_reduce_dtype) == ("flat_param", "bf16")
+    _, _, w_ops = layer_passes(setup, moe=False)
+    copies = [op for op in w_ops if op.name.endswith("_flat_grad_copy")]
+    assert len(copies) == len([op for op in w_ops if op.kind == "gemm"]) == 4
+    h = setup.model.hidden
+    assert sum(op.bytes_moved for op in copies) == pytest.approx(12 * h * h * (2 + 2))
+    assert flat_gradient_prepare_bytes(setup, 8) == pytest.approx(2 * 2 + (2 * 2 + 2 + 4) / 8)
+    assert flat_gradient_prepare_bytes(setup, 1) == 0.0
+    fp32 = parse_training({**config, "training": {**config["training"], "grad_reduce_dtype": "fp32"}})
+    assert flat_gradient_prepare_bytes(fp32, 8) == pytest.approx((2 + 4) + 2 * 4 + 2 * 4 / 8)  # cast first
+    none = parse_training({**config, "training": {**config["training"], "main_grad_accumulation": "none"}})
+    assert flat_gradient_prepare_bytes(none, 8) == 0.0
+    assert not [op for op in layer_passes(none, moe=False)[2] if op.kind == "memory"]
+    # the predivide runs on the data-parallel stream before each bucket's reduce-scatter
+    flat = grad_sync_work(setup, 0, group_links(setup, 0))
+    plain = grad_sync_work(none, 0, group_links(none, 0))
+    assert [w.message_bytes for w in flat] == [w.message_bytes for w in plain]
+    assert all(f.duration_s > p.duration_s for f, p in zip(flat, plain))
+    slow = simulate_training(config, RunOptions(fidelity="des")).metrics()["iteration_time_s"]
+    fast = simulate_training({**config, "training": {**config["training"], "main_grad_accumulation": "none"}},
+                             RunOptions(fidelity="des")).metrics()["iteration_time_s"]
+    assert slow > fast
 
 
 def test_grad_reduce_dtype_sets_the_bucket_bytes() -> None:
@@ -389,13 +423,14 @@ def test_per_op_optimizer_kernels_move_the_counted_bytes_of_each_adam_operation(
     assert optimizer_bytes_per_parameter("sgd", "bf16", "per_op") == optimizer_bytes_per_parameter("sgd", "bf16") + 8.0
     base = {**_config(framework="llm-foundry"), "parallel": {"tp": 1, "pp": 1, "zero": 3}}
     foundry = parse_training(base)
-    # the benchmark table's Composer mixed_precision DEFAULT reduces in fp32 (fp16 for fp16, the auto
-    # rule); PURE ("16bit") reduces in the run's 16-bit dtype: fp16 here, bf16 for a bf16 run
+    # the benchmark table's Composer mixed_precision (PURE, and DEFAULT before Composer v0.16.4) reduces
+    # in the run's 16-bit dtype ("16bit"): fp16 here, bf16 for a bf16 run; "auto" would reduce in fp32
     assert foundry.optimizer_kernels == "per_op" and foundry.grad_reduce_dtype == "fp16"
     bf16 = {**base, "training": {**base["training"], "precision": "bf16"}}
-    assert parse_training(bf16).grad_reduce_dtype == "fp32"
-    pure = parse_training({**bf16, "training": {**bf16["training"], "grad_reduce_dtype": "16bit"}})
+    pure = parse_training(bf16)
     assert pure.grad_reduce_dtype == "bf16" and pure.grad_reduce_bytes == 2.0
+    auto = parse_training({**bf16, "training": {**bf16["training"], "grad_reduce_dtype": "auto"}})
+    assert auto.grad_reduce_dtype == "fp32"
     fused = parse_training({**base, "training": {**base["training"], "optimizer_kernels": "fused"}})
     assert fused.optimizer_kernels == "fused" and parse_training(_config()).optimizer_kernels == "fused"
     links = group_links(foundry, 0)

@@ -88,7 +88,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.100 and MODERN_THRESHOLDS[0].max_row_error <= 0.238
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.099 and MODERN_THRESHOLDS[0].max_row_error <= 0.238
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
@@ -109,7 +109,12 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group)
     assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.14
-    # llm-foundry's MP Mode column: PURE (16-bit reduction) on the older A100 rows, DEFAULT (fp32) elsewhere
+    # llm-foundry's MP Mode column: PURE (16-bit reduction) on the older A100 rows; DEFAULT elsewhere, which
+    # Composer up to v0.16.3 (before its 2023-10-10 patch) also reduced in 16 bits: the profile's rule
+    from sim.training.config import parse_training
+
     reduce = {c.row: c.config["training"].get("grad_reduce_dtype") for c in modern.comparisons if c.row.startswith("foundry")}
     assert {row for row, dtype in reduce.items() if dtype == "16bit"} == {"foundry-mpt-70b-a100-64", "foundry-mpt-7b-a100-40gb-128"}
     assert all(dtype in (None, "16bit") for dtype in reduce.values())
+    foundry = [c for c in modern.comparisons if c.row.startswith("foundry")]
+    assert {parse_training(c.config).grad_reduce_dtype for c in foundry} == {"bf16"}
