@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Callable, Literal, NamedTuple, Sequence, TypeVar
@@ -1026,6 +1026,23 @@ def _execute_packed(
     return _executions(programs, table, _unpacked(paths[last_op][:, columns]), _unpacked(paths[start_op][:, columns]))
 
 
+def _execute_levels(table: _Lanes) -> np.ndarray:
+    """The step at which every op of ``table`` starts in the unit-time run of ``_execute_all`` (what
+    its ``record`` receives), the run alone, no path tracked. Raises ``_Deadlock`` when no lane can go on."""
+    dep, counts, first = table.dep, table.counts, table.first
+    n = len(table.kind)
+    ends = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    ends[n] = -1
+    current, stop = first.copy(), first + counts
+    t = 0
+    while (started := _started(current, stop, dep, ends, t)) is not None:
+        active, op, _ = started
+        ends[op] = t + 1
+        current[active] += 1
+        t += 1
+    return ends[:n] - 1
+
+
 def _unpacked(paths: np.ndarray) -> np.ndarray:
     """(..., 3) F, B and W counts of packed paths (``_execute_packed``)."""
     field = (1 << _COUNT_BITS) - 1
@@ -1088,11 +1105,9 @@ def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages:
 
 @lru_cache(maxsize=256)
 def _program_graph_alone(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> ProgramGraph:
-    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
+    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)  # (validated: it runs)
     table = _lanes([program])
-    record: list[np.ndarray] = []
-    _execute_table([program], table, record)
-    return _graphs([program], table, record[0])[0]
+    return _graphs([program], table, _execute_levels(table))[0]
 
 
 def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[ProgramGraph]:
@@ -1129,28 +1144,62 @@ def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[P
     return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class ProgramProfile:
     """What the analytic fidelity and the memory model read of a program (``program_profile``)."""
 
     chunks_per_stage: int
     split_backward: bool
-    # Pareto-maximal (F, B, W) op counts of the paths to the end of the pipeline on uniform stages:
-    # with per-chunk-op times f, b, w the pipeline takes max over paths of nF f + nB b + nW w
-    critical_paths: tuple[Vector, ...]
-    # per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)
-    stage_paths: tuple[tuple[Vector, ...], ...]
-    # per stage, the same for the paths to the start of its first op (when it can begin on uniform stages)
-    stage_start_paths: tuple[tuple[Vector, ...], ...]
     peak_held_chunks: tuple[int, ...]  # per stage, most (micro-batch, chunk) activations held at once
     last_chunk_inflight: int  # most micro-batches whose last-chunk forward has run and backward not
     p2p_boundaries: tuple[int, ...]  # link index of every model-order chunk transition between stages
     # (link i joins stage i and i + 1; the wrap-around link of looping placements is not counted: a
     # fill and a drain cross each chunk boundary once, and the wrap is hidden behind the other stages)
+    key: ProgramKey  # (schedule, pp, m, v) of the program
+    # the paths of its execution on uniform stages (``Execution``'s first and last fields), or None
+    # where the program was executed for its dependency graph alone (``prepare_program_profiles``):
+    # then its execution is run once more when a path is first read (``_checked_program``)
+    uniform_paths: tuple[tuple[tuple[Vector, ...], ...], tuple[tuple[Vector, ...], ...]] | None = field(repr=False)
+
+    @cached_property
+    def _paths(self) -> tuple[tuple[Vector, ...], tuple[tuple[Vector, ...], ...], tuple[tuple[Vector, ...], ...]]:
+        if self.uniform_paths is not None:
+            stage_ends, stage_starts = self.uniform_paths
+        else:
+            execution = _checked_program(*self.key)[1]
+            stage_ends, stage_starts = execution[0], execution[3]
+        return _pareto(tuple(vec for ends in stage_ends for vec in ends)), stage_ends, stage_starts
+
+    @property
+    def critical_paths(self) -> tuple[Vector, ...]:
+        """Pareto-maximal (F, B, W) op counts of the paths to the end of the pipeline on uniform
+        stages: with per-chunk-op times f, b, w the pipeline takes max over paths of nF f + nB b + nW w."""
+        return self._paths[0]
+
+    @property
+    def stage_paths(self) -> tuple[tuple[Vector, ...], ...]:
+        """Per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)."""
+        return self._paths[1]
+
+    @property
+    def stage_start_paths(self) -> tuple[tuple[Vector, ...], ...]:
+        """Per stage, the same for the paths to the start of its first op (when it can begin on uniform stages)."""
+        return self._paths[2]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProgramProfile):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _PROFILE_FIELDS)
+
+    __hash__ = object.__hash__
 
     def inflight_stages(self, stage: int) -> float:
         """Peak in-flight activations of ``stage`` in units of the whole stage's layers."""
         return self.peak_held_chunks[stage] / self.chunks_per_stage
+
+
+_PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths",
+                   "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
 
 
 def _built_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> Program:
@@ -1263,13 +1312,23 @@ MAX_PROGRAMS = 32  # programs kept by prepare_program_profiles (each as large as
 _BATCH_SLOTS, _BATCH_LANES = 1 << 19, 4096
 
 
-def _remember(key: ProgramKey, program: Program, execution: Execution) -> ProgramProfile:
+def _remember(key: ProgramKey, program: Program, execution: Execution | None) -> ProgramProfile:
     if len(_PROFILES) >= MAX_PROFILES:
         _PROFILES.clear()
     if len(_GRAPHS) >= MAX_GRAPHS:
         _GRAPHS.clear()
-    profile = _PROFILES[key] = _profile(program, execution)
+    profile = _PROFILES[key] = _profile(key, program, execution)
     return profile
+
+
+def _paths_deferred(program: Program) -> bool:
+    """Whether ``prepare_program_profiles`` executes the program for its dependency graph alone
+    (``_execute_levels``), leaving its uniform-stage paths (``ProgramProfile.critical_paths``) to be
+    computed when first read: programs of several chunks per stage, which the analytic fidelity
+    prices by the longest paths of their graph (``analytic.spans_request``) unless every stage is
+    alike (measured on the 1T / 3,072-A100 search: of 537 such programs none has a candidate whose
+    stages are all alike, against 441 of the 697 one-chunk programs)."""
+    return program.chunks_per_stage > 1
 
 
 def _needs_graph(program: Program | ProgramProfile) -> bool:
@@ -1284,7 +1343,7 @@ def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stage
     key = (schedule, pp, num_microbatches, virtual_stages)
     profile = _PROFILES.get(key)
     if profile is None:
-        profile = _remember(key, *_checked_program(*key))
+        profile = _remember(key, *_checked_program(*key))  # (the program and its execution)
     return profile
 
 
@@ -1344,28 +1403,40 @@ def prepare_program_profiles(keys: Any) -> None:
     reused = {key for key, _ in built}
     built += _built_programs([key for key in wanted if key not in reused])
     built.sort(key=lambda item: (item[1].ops.shape[1], item[0]))
-    for group in _packed(built, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
-        programs = [program for _, program in group]
-        table = _lanes(programs)
-        record: list[np.ndarray] = []
-        try:
-            executions = _execute_table(programs, table, record)
-        except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
-            continue
-        graphs = _graphs(programs, table, record[0]) if record else [None] * len(programs)
-        for (key, program), execution, graph in zip(group, executions, graphs):
-            _remember(key, program, execution)
-            if _needs_graph(program) and graph is not None:
-                _GRAPHS[key] = graph
-            if len(_PROGRAMS) >= MAX_PROGRAMS:
-                _PROGRAMS.clear()
-            _PROGRAMS[key] = program
+    # the programs whose paths wait until read (``_paths_deferred``) run apart: their runs track the
+    # steps alone (``_execute_levels``), the others' every path too (``_execute_table``)
+    deferred = [item for item in built if _paths_deferred(item[1])]
+    executed = [item for item in built if not _paths_deferred(item[1])]
+    for items, paths in ((executed, True), (deferred, False)):
+        for group in _packed(items, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
+            programs = [program for _, program in group]
+            table = _lanes(programs)
+            record: list[np.ndarray] = []
+            try:
+                executions: list[Execution | None] = (
+                    _execute_table(programs, table, record) if paths else [None] * len(programs)
+                )
+                if not paths:
+                    record.append(_execute_levels(table))
+            except (InvalidPlanError, _Deadlock):  # a deadlocked program: left to program_profile to raise
+                continue
+            graphs = _graphs(programs, table, record[0]) if record else [None] * len(programs)
+            for (key, program), execution, graph in zip(group, executions, graphs):
+                if execution is not None or key not in _PROFILES:  # (a known profile keeps its paths)
+                    _remember(key, program, execution)
+                if _needs_graph(program) and graph is not None:
+                    if len(_GRAPHS) >= MAX_GRAPHS:
+                        _GRAPHS.clear()
+                    _GRAPHS[key] = graph
+                if len(_PROGRAMS) >= MAX_PROGRAMS:
+                    _PROGRAMS.clear()
+                _PROGRAMS[key] = program
 
 
-def _profile(program: Program, execution: Execution) -> ProgramProfile:
-    stage_paths, peak, last_peak, start_paths = execution
+def _profile(key: ProgramKey, program: Program, execution: Execution | None) -> ProgramProfile:
+    """The profile of ``program`` from its ``Execution``, or with its paths computed when first read (None)."""
+    occupancy = program.occupancy
     pp, virtual_stages = program.pp, program.chunks_per_stage
-    paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)
     boundaries = []
@@ -1374,9 +1445,10 @@ def _profile(program: Program, execution: Execution) -> ProgramProfile:
         if a != b and not (looping and (a, b) == (pp - 1, 0)) and abs(a - b) == 1:
             boundaries.append(min(a, b))
     return ProgramProfile(
-        chunks_per_stage=virtual_stages, split_backward=program.split_backward, critical_paths=paths,
-        stage_paths=stage_paths, stage_start_paths=start_paths,
-        peak_held_chunks=peak, last_chunk_inflight=last_peak, p2p_boundaries=tuple(boundaries),
+        chunks_per_stage=virtual_stages, split_backward=program.split_backward,
+        peak_held_chunks=occupancy.peak_held_chunks, last_chunk_inflight=occupancy.last_chunk_inflight,
+        p2p_boundaries=tuple(boundaries), key=key,
+        uniform_paths=None if execution is None else (execution[0], execution[3]),
     )
 
 
