@@ -29,8 +29,9 @@ PUBLISHED_DIR = Path(__file__).parent / "published"
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
-    # worst row: the Megatron-Core 32B row, over-predicted (+20.2 %, its exposed fp32 reduce-scatter)
-    Threshold(metric="iteration_time_s", max_mape=0.065, max_row_error=0.205),
+    # worst row: the Megatron-Core 32B row, over-predicted (+22.7 %, its exposed fp32 reduce-scatter and
+    # its DDP's passes over the 16 GB gradient buffer)
+    Threshold(metric="iteration_time_s", max_mape=0.062, max_row_error=0.23),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -241,12 +242,16 @@ MISSING_MECHANISMS = (
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",
 )
 TRAINING_NOTES = (
-    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 3 % too fast on average (all run "
-    "Megatron's default hidden and attention dropout 0.1, modelled); the H100 1.7B and 7.1B rows (TP 1-2, hidden "
-    "2048-4096) are 16-18 % fast and nothing sourced explains it (host dispatch does not bind at their shapes; "
-    "cuDNN attention, which Transformer Engine runs on Hopper, is faster than the FlashAttention-2 rate priced); "
+    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 2 % too fast on average (all run "
+    "Megatron's default hidden and attention dropout 0.1, modelled; the Megatron-Core rows pay its DDP's zeroing, "
+    "NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, grad_buffer_passes); the "
+    "H100 1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 14-16 % fast and nothing sourced explains the rest "
+    "(host dispatch does not bind at their shapes; their memory-bound kernels are priced at 2.2-2.6 TB/s, near the "
+    "H100's modelled stream rate; cuDNN attention, which Transformer Engine runs on Hopper, is faster than the "
+    "FlashAttention-2 rate priced: 0.614 ms forward + backward with dropout at the 1.7B's exact shape, 4,096 tokens, "
+    "16 heads, head dim 128, NVIDIA/TransformerEngine#3312, against 0.841 ms priced); "
     "the 32B row (TP 8: its data-parallel group spans 48 nodes with one GPU "
-    "each) is 20 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.29 s after the last "
+    "each) is 23 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.29 s after the last "
     "micro-batch's backward",
 )
 

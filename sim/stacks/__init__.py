@@ -34,6 +34,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16", "16bit")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none")),
         "optimizer_kernels": ("training", ("fused", "per_op")),
+        "grad_buffer_passes": ("training", ("shard", "megatron_ddp")),
         "linear_bias": ("training", ("fused", "unfused")),
         "fp8_recipe": ("training", ("delayed", "current")),
         "fp8_backward_accumulation": ("training", ("split", "fast")),

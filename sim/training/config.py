@@ -21,7 +21,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
-    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
+    "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "failures", "dropout",
 )
@@ -105,6 +105,10 @@ class TrainingSetup:
     # operation of the update, torch's for-loop AdamW / Composer DecoupledAdamW; gradient clipping
     # always scales the gradients); see sim.training.data_parallel.optimizer_bytes_per_parameter
     optimizer_kernels: str = "fused"
+    # per-iteration passes over the gradients besides the optimizer's: "shard" (the optimizer zeroes
+    # its shard's gradients) | "megatron_ddp" (Megatron-Core's DDP zeroes, pre-scales and NaN-checks
+    # the rank's whole gradient buffer); see sim.training.data_parallel.grad_buffer_bytes
+    grad_buffer_passes: str = "shard"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
     # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
     # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
@@ -363,6 +367,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         framework=stack.name,
         main_grad_accumulation=settings["main_grad_accumulation"],
         optimizer_kernels=settings["optimizer_kernels"],
+        grad_buffer_passes=settings["grad_buffer_passes"],
         pipeline_p2p=settings["pipeline_p2p"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],

@@ -47,6 +47,17 @@ PER_OP_ADAM_BYTES_PER_PARAMETER = 8.0 + 8.0 + 12.0 + 8.0 + 12.0 + 8.0 + 8.0 + 8.
 # coefficient whether or not it clips (read 4, write 4); Megatron scales only when it clips
 CLIP_SCALE_BYTES_PER_PARAMETER = 8.0
 OPTIMIZER_KERNELS = ("fused", "per_op")
+# Megatron-Core's DDP (``grad_buffer_passes = "megatron_ddp"``) works on the rank's whole gradient
+# buffer every iteration, not on the optimizer's shard (the distributed optimizer shards only the
+# optimizer states): train_step calls zero_grad_buffer() (grad_data.zero_(): write every element),
+# and each bucket's start_grad_sync, before its data-parallel collective, takes
+# grad_data.norm(p=2) when check_for_nan_in_grad (Megatron-LM --no-check-for-nan-in-loss-and-grad
+# is the opt-out: read every element) and runs grad_data *= gradient_scaling_factor (1 / dp unless
+# average_in_collective, whose default is False: read and write); megatron/core/distributed/
+# param_and_grad_buffer.py and distributed_data_parallel.py, core_r0.8.0. Passes per element of the
+# buffer, in its dtype (``grad_reduce_dtype``); its zeroing replaces the shard's ZERO_GRAD term.
+MEGATRON_DDP_GRAD_BUFFER_PASSES = 1.0 + 1.0 + 2.0
+GRAD_BUFFER_PASSES = ("shard", "megatron_ddp")
 
 
 def optimizer_bytes_per_parameter(optimizer: str, precision: str, kernels: str = "fused") -> float:
@@ -203,6 +214,18 @@ def param_gather_for_parameters(
     return (gather,) * plan.virtual_stages
 
 
+def grad_buffer_bytes(setup: TrainingSetup, params: float, shard: float) -> float:
+    """HBM bytes of the per-iteration passes over the rank's gradient buffer beyond the optimizer's
+    (``grad_buffer_passes``): 0 for "shard"; for "megatron_ddp" MEGATRON_DDP_GRAD_BUFFER_PASSES x the
+    buffer's bytes, the whole buffer (``params``) under ZeRO <= 1, the shard where gradients are sharded."""
+    if setup.grad_buffer_passes not in GRAD_BUFFER_PASSES:
+        raise ValueError(f"grad_buffer_passes {setup.grad_buffer_passes!r}; allowed: {', '.join(GRAD_BUFFER_PASSES)}")
+    if setup.grad_buffer_passes == "shard":
+        return 0.0
+    buffer = params if setup.plan.zero <= 1 else shard
+    return MEGATRON_DDP_GRAD_BUFFER_PASSES * setup.grad_reduce_bytes * buffer
+
+
 def optimizer_time_s(
     setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
 ) -> float:
@@ -224,6 +247,9 @@ def optimizer_time_for_parameters_s(
     sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
     shard = params / sharded_over if plan.zero >= 1 else params
     per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision, setup.optimizer_kernels)
+    buffer_bytes = grad_buffer_bytes(setup, params, shard)
+    if buffer_bytes:
+        per_param -= ZERO_GRAD_BYTES_PER_PARAMETER  # the buffer's passes zero it (grad_buffer_bytes)
     if plan.offload == "none":
         seconds = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu, precision=setup.job.precision, links=links)
     else:
@@ -236,6 +262,9 @@ def optimizer_time_for_parameters_s(
         if plan.offload == "nvme":
             state_bytes = shard * 12.0  # fp32 master, m and v: read from and written back to NVMe
             seconds += transfer_time_s(state_bytes, Tier.NVME, Tier.CPU, node, gpu) + transfer_time_s(state_bytes, Tier.CPU, Tier.NVME, node, gpu)
+    if buffer_bytes:  # on the GPU whether or not the optimizer is offloaded
+        seconds += costmodel.op_time_s(Op(name="grad_buffer", kind="memory", bytes_moved=buffer_bytes), gpu,
+                                       precision=setup.job.precision, links=links)
     if plan.zero in (1, 2) and links["dp"].size > 1 and not setup.dp_comm_overlap:
         collective = cache.collective_s if cache is not None else collective_time_s
         seconds += collective(Collective.ALL_GATHER, params * 2.0, links["dp"])

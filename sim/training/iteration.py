@@ -166,7 +166,8 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework)
     )
     dp_context = cache.intern(
-        ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, _dp_job_values(job),
+        ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, setup.grad_buffer_passes,
+         _dp_job_values(job),
          _dp_plan_values(plan))
     )
     return PricingKeys(

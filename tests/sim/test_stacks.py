@@ -508,3 +508,45 @@ def test_megatron_unfused_attention_pays_its_context_permute_and_the_qkv_split_g
     assert by_name["attention_context_copy_backward"] == 2 * 2048 * 3 * 1152 * 2.0
     flash = parse_training({**base, "training": {**base["training"], "attention_kernel": "flash"}})
     assert not [op for ops in layer_passes(flash, moe=False) for op in ops if "context_copy" in op.name]
+
+
+def test_megatron_ddp_grad_buffer_passes_cost_four_passes_over_the_whole_buffer() -> None:
+    """Megatron-Core's DDP (``grad_buffer_passes = "megatron_ddp"``) zeroes, NaN-checks and pre-scales
+    the rank's whole fp32 gradient buffer each iteration under the distributed optimizer (ZeRO 1):
+    the step costs the shard's optimizer bytes less its zeroing plus one memory op of 4 x 4 bytes per
+    parameter of the rank; with "shard" only the optimizer op over the shard."""
+    from sim import costmodel
+    from sim.training.data_parallel import (
+        MEGATRON_DDP_GRAD_BUFFER_PASSES, optimizer_bytes_per_parameter, optimizer_time_s, stage_parameters_per_rank,
+    )
+    from workloads.graph import Op
+
+    base = {**_config(precision="bf16"), "parallel": {"tp": 1, "pp": 1, "zero": 1}}
+    mcore = parse_training(base)
+    assert mcore.framework == "megatron-core" and mcore.grad_buffer_passes == "megatron_ddp"
+    shard_only = parse_training({**base, "training": {**base["training"], "grad_buffer_passes": "shard"}})
+    assert parse_training(_config(framework="nemo", precision="bf16")).grad_buffer_passes == "shard"
+    links = group_links(mcore, 0)
+    params = stage_parameters_per_rank(mcore, 0)
+    shard = params / 8
+    gpu = mcore.cluster.gpu
+    per_param = optimizer_bytes_per_parameter("adam", "bf16")
+    step = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * (per_param - 4.0)), gpu,
+                               precision="bf16", links=links)
+    buffer = costmodel.op_time_s(Op(name="grad_buffer", kind="memory", bytes_moved=4.0 * 4.0 * params), gpu,
+                                 precision="bf16", links=links)
+    assert MEGATRON_DDP_GRAD_BUFFER_PASSES == 4.0 and mcore.grad_reduce_bytes == 4.0
+    assert optimizer_time_s(mcore, 0, links) == pytest.approx(step + buffer, rel=1e-12)
+    alone = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu,
+                                precision="bf16", links=links)
+    assert optimizer_time_s(shard_only, 0, links) == pytest.approx(alone, rel=1e-12)
+    # ZeRO 3 shards the gradients: the passes cover the shard only
+    zero3 = parse_training({**base, "parallel": {"tp": 1, "pp": 1, "zero": 3}})
+    z3_links = group_links(zero3, 0)
+    z3_buffer = costmodel.op_time_s(Op(name="grad_buffer", kind="memory", bytes_moved=16.0 * shard), gpu,
+                                    precision="bf16", links=z3_links)
+    z3_step = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * (per_param - 4.0)), gpu,
+                                  precision="bf16", links=z3_links)
+    assert optimizer_time_s(zero3, 0, z3_links) == pytest.approx(z3_step + z3_buffer, rel=1e-12)
+    with pytest.raises(ConfigError, match="grad_buffer_passes = 'always'; allowed: shard, megatron_ddp"):
+        parse_training({**base, "training": {**base["training"], "grad_buffer_passes": "always"}})

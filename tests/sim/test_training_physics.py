@@ -132,7 +132,8 @@ def test_cpu_adam_on_one_gpu_gets_the_whole_host_dram_bandwidth() -> None:
     config = {
         "model": {"name": "gpt3-1.7b"},
         "cluster": {"gpu": "a100-sxm-80gb", "num_gpus": 1},
-        "training": {"seq_len": 2048, "global_batch": 1, "precision": "bf16"},
+        # the CPU step alone (no GPU-side passes over the gradient buffer: grad_buffer_passes "shard")
+        "training": {"seq_len": 2048, "global_batch": 1, "precision": "bf16", "grad_buffer_passes": "shard"},
         "parallel": {"offload": "optimizer"},
     }
     setup = parse_training(config)
