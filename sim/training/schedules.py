@@ -365,34 +365,47 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     depth = lane_chunks[:, None] - 1 - (local - first_chunk[local])  # smaller key for the deeper chunk
     never = np.iinfo(np.int64).max
     nowhere = sentinel + int(ms.max())  # the end of an op that never runs (a column with no op left)
-    ends = np.full(nowhere + 1, never, dtype=np.int64)
+    dump = nowhere + 1  # where a W's end goes (nothing waits for a W)
+    ends = np.full(dump + 1, never, dtype=np.int64)
     ends[sentinel:nowhere] = -1
     limit = np.concatenate([np.asarray(s.limits, dtype=np.int64) for s in specs])
     lanes = len(limit)
-    # the choices of a lane, as columns: B of each local chunk, F of each local chunk, a pending W.
-    # Per (lane, B/F column) what its next op (micro-batch nxt) waits for: ends[first + nxt] and
-    # ends[second + nxt] (a B its own F and the next chunk's B; an F the previous chunk's F), ends[at
-    # + nxt] where it ends, the most activations the lane may hold to start it (an F) and its key
-    # (class, micro-batch, deepest chunk first: one integer; B before F unless forward_first)
+    # the choices of a lane, as columns: B of each local chunk, F of each local chunk and, with
+    # ``split``, its oldest pending W (one column). Per (lane, B/F column) what its next op
+    # (micro-batch nxt) waits for: ends[first + nxt] and ends[second + nxt] (a B its own F and the
+    # next chunk's B; an F the previous chunk's F), ends[at + nxt] where it ends, the most
+    # activations the lane may hold to start it (an F) and its key (class, micro-batch, deepest
+    # chunk first: one integer; B before F unless forward_first; the W column after both)
     span = lane_m * lane_chunks
     b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
     own_f = base[local]
-    first = np.concatenate([own_f, f_wait[local]], axis=1)
-    second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel)], axis=1)
-    at = np.concatenate([slots + own_f, own_f], axis=1)
-    room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local]], axis=1)
-    keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth], axis=1)
+    w_columns = 1 if split else 0
+    lane_sentinel = np.full((lanes, w_columns), sentinel, dtype=np.int64)
+    first = np.concatenate([own_f, f_wait[local], lane_sentinel], axis=1)
+    second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel), lane_sentinel], axis=1)
+    at = np.concatenate([slots + own_f, own_f, lane_sentinel * 0 + dump], axis=1)
+    # the lane's count that must be at most ``room`` to start the column's op: held activations
+    # for B and F (B: always), minus the pending W for the W column (at least one pending)
+    room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local], np.full((lanes, w_columns), -1)], axis=1)
+    keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth, np.full((lanes, w_columns), 1) * 2 * span[:, None]],
+                          axis=1)
     no_choice = 3 * int(span.max())
-    columns = 2 * per_stage
+    columns = 2 * per_stage + w_columns
     # per (lane, column), flat, in the rows of ``state``: the next op's micro-batch, where it ends
-    # (at + micro-batch), the two ends it waits for (first + ..., second + ...) and its key, moved
-    # on by ``step`` as the column's ops are placed
+    # (at + micro-batch), the two ends it waits for (first + ..., second + ...), its key and the
+    # ops the column has left, moved on by ``step`` as the column's ops are placed (the W column
+    # stays as it is: which W it runs is known once all are placed, below)
     flat_size = lanes * columns
-    state = np.stack([np.zeros(flat_size, dtype=np.int64), at.ravel(), first.ravel(), second.ravel(), keys.ravel()])
+    lane_column_m = np.repeat(lane_m, columns)
+    if split:
+        lane_column_m[columns - 1 :: columns] = 0  # (the W column: never gone)
+    state = np.stack([np.zeros(flat_size, dtype=np.int64), at.ravel(), first.ravel(), second.ravel(), keys.ravel(), lane_column_m])
     step = np.ones_like(state)
     step[4] = np.repeat(lane_chunks, columns)
+    step[5] = -1
+    if split:
+        step[:, columns - 1 :: columns] = 0
     waits, keys = state[2:4], state[4].reshape(lanes, columns)
-    wait_a, wait_b = waits
     state_flat, step_flat = state.ravel(), step.ravel()  # (one fancy index into all rows: rows offset by flat_size)
     row_offsets = (np.arange(len(state)) * flat_size)[:, None]
     room = room.reshape(lanes, columns)
@@ -400,30 +413,30 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     # column per_stage + c, W of chunk c the pseudo-column 2 per_stage + c (pass and chunk by column)
     column_kind = np.repeat([B_CODE, F_CODE, W_CODE], per_stage)
     column_chunk = np.tile(np.arange(per_stage), 3)
-    column_held = np.repeat([-1, 1], per_stage)
     column_duration = np.repeat([1 if split else 2, 1], per_stage)
-    lane_column_m = np.repeat(lane_m, columns)
-    held = np.zeros(lanes, dtype=np.int64)
+    # per lane (held activations, minus the pending W) and what each column's op adds to them
+    counted = np.zeros((lanes, 2), dtype=np.int64)
+    column_counts = np.zeros((columns, 2), dtype=np.int64)
+    column_counts[:per_stage, 0], column_counts[per_stage : 2 * per_stage, 0] = -1, 1
+    if split:
+        column_counts[:per_stage, 1], column_counts[-1, 1] = -1, 1
+    counted_of = np.repeat([0, 0, 1], [per_stage, per_stage, w_columns])  # the count each column's room bounds
     free = np.zeros(lanes, dtype=np.int64)
     total = 3 * lane_m * per_stage
     out_base = np.cumsum(total) - total
     out_mb, out_column = np.zeros((2, int(total.sum())), dtype=np.int64)
     cursor = out_base.copy()  # per lane, where its next op goes in ``out_mb`` / ``out_column``
-    # pending W per lane (micro-batch, pseudo-column) in B order: a queue with head and tail
-    queue_base = out_base // 3
-    queue_mb, queue_column = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
-    head, tail = queue_base.copy(), queue_base.copy()
     row_start = np.arange(lanes) * columns
     left = int(total.sum())  # ops not yet placed
     t = 0
     while True:
-        # every lane's choices: its best ready B or F (a W, pending since its B, only when none is)
-        ready = np.maximum(ends.take(wait_a), ends.take(wait_b)) <= t
-        score = np.where(ready.reshape(lanes, columns) & (held[:, None] <= room), keys, no_choice)
+        # every lane's choices: its best ready B or F, else (with ``split``) a pending W
+        ready = ends.take(waits).max(axis=0).reshape(lanes, columns) <= t
+        score = np.where(ready & (counted[:, counted_of] <= room), keys, no_choice)
         column = score.argmin(axis=1)
         best = row_start + column
-        has_fb = score.ravel().take(best) < no_choice  # the best is a ready op (keys are below no_choice)
-        rows = ((has_fb | (head < tail) if split else has_fb) & (free <= t)).nonzero()[0]
+        has_op = score.ravel().take(best) < no_choice  # the best is a ready op (keys are below no_choice)
+        rows = (has_op if split else has_op & (free <= t)).nonzero()[0]
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
             if not len(later_free):
@@ -433,45 +446,36 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
                 )
             t = int(later_free.min())
             continue
-        is_fb = has_fb[rows]
         row = cursor[rows]
-        cursor[rows] += 1
-        free[rows] = t + 1
-        if not _all(is_fb):
-            w_stages = rows[~is_fb]
-            w_slot = head[w_stages]
-            w_row = row[~is_fb]
-            out_mb[w_row], out_column[w_row] = queue_mb[w_slot], queue_column[w_slot]
-            head[w_stages] += 1
-            stages, row = rows[is_fb], row[is_fb]
-        else:
-            stages = rows
-        c = column[stages]
-        flat = best[stages]
-        mb = state[0, flat]
-        out_mb[row], out_column[row] = mb, c
-        ends[state[1, flat]] = t + column_duration[c]
+        cursor[rows] = row + 1
+        c = column[rows]
+        flat = best[rows]
         entries = flat + row_offsets
-        state_flat[entries] += step_flat[entries]
-        gone = flat[mb + 1 == lane_column_m[flat]]  # the column's last op: it never has another
+        values = state_flat[entries]
+        state_flat[entries] = values + step_flat[entries]
+        mb = values[0]
+        out_mb[row], out_column[row] = mb, c
+        ends[values[1]] = t + column_duration[c] if not split else t + 1
+        gone = flat[values[5] == 1]  # the column's last op: it never has another
         if len(gone):
             waits[:, gone] = nowhere
-        held[stages] += column_held[c]
-        is_b = c < per_stage
-        b_stages = stages[is_b]
-        if split:
-            slot = tail[b_stages]
-            queue_mb[slot], queue_column[slot] = mb[is_b], c[is_b] + 2 * per_stage
-            tail[b_stages] += 1
-        elif len(b_stages):
-            w_row = cursor[b_stages]
-            out_mb[w_row], out_column[w_row] = mb[is_b], c[is_b] + 2 * per_stage
-            cursor[b_stages] += 1
-            free[b_stages] = t + 2
-        left -= len(rows) + (0 if split else len(b_stages))
+        counted[rows] += column_counts[c]
+        if not split:
+            free[rows] = t + 1
+            b_stages = rows[c < per_stage]
+            if len(b_stages):  # its W at once (fused backward: the stage is busy 2 time units)
+                w_row = cursor[b_stages]
+                out_mb[w_row], out_column[w_row] = mb[c < per_stage], c[c < per_stage] + 2 * per_stage
+                cursor[b_stages] = w_row + 1
+                free[b_stages] = t + 2
+            left -= len(b_stages)
+        left -= len(rows)
         if not left:
             break
         t += 1
+    if split:  # each lane's W run in the order of its B (its oldest pending W each time)
+        w_rows, b_rows = np.flatnonzero(out_column == columns - 1), np.flatnonzero(out_column < per_stage)
+        out_mb[w_rows], out_column[w_rows] = out_mb[b_rows], out_column[b_rows] + 2 * per_stage
     out = np.stack([column_kind[out_column], out_mb, column_chunk[out_column]], axis=1)  # rows (pass code, micro-batch, local chunk)
     cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
     return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(out, cuts))]
