@@ -203,9 +203,11 @@ def layer_passes(
                      and op.kind != "collective"]
     else:
         recompute = []
-    b_ops, w_ops = backward_ops(forward, recompute=recompute)
-    # a split into views runs no forward kernel (its backward concatenation is in b_ops)
-    forward = [op for op in forward if not (op.name == QKV_SPLIT_OP and op.bytes_moved == 0.0)]
+    # a split into views runs no forward kernel (nor a recomputed one); its backward concatenation
+    # is in b_ops
+    views = [op for op in forward if op.name == QKV_SPLIT_OP and op.bytes_moved == 0.0]
+    b_ops, w_ops = backward_ops(forward, recompute=[op for op in recompute if op not in views])
+    forward = [op for op in forward if op not in views]
     if setup.linear_bias == "unfused":
         w_ops = w_ops + unfused_bias_gradient_ops(setup, forward)
     if job.precision == "fp8":
