@@ -20,6 +20,7 @@ import gc
 import hashlib
 import json
 import time
+from array import array
 from collections import Counter
 from contextlib import contextmanager
 from functools import partial
@@ -44,7 +45,6 @@ from search.training_report import (
 from search.training_screen import (
     MEMORY_RULE,
     SCREEN_METRICS,
-    Screened,
     _worker,
     prepare_programs,
     price_candidate,
@@ -148,15 +148,18 @@ def _search_training(config: Mapping[str, Any], options: SearchOptions) -> Train
     token = _token(config)
     funnel = Funnel(enumerated=len(candidates) + sum(arithmetic.values()), pruned=dict(arithmetic))
     size = max(MIN_BATCH, min(MAX_BATCH, -(-len(candidates) // max(1, 8 * options.workers))))
-    screen = partial(screen_batch, token, space.contexts)
+    screen = partial(screen_indices, token, space, len(candidates))
     # batches hold whole pipeline programs (each computed by one worker); outcomes back in enumeration order
     work = program_batches(space.contexts, candidates, size)
-    with BatchPool(workers=options.workers, dask_address=options.dask_address) as executor:
-        with progress(len(candidates), "screening") as update:
-            screened_batches = executor.map(
-                screen, [[candidates[i] for i in batch] for batch in work], on_done=update,
-            )
-        result = _rank(space, token, top_k, candidates, arithmetic, work, screened_batches, funnel, executor)
+    _ENUMERATED.clear()
+    _ENUMERATED[token] = candidates  # before the pool forks: its processes inherit the list
+    try:
+        with BatchPool(workers=options.workers, dask_address=options.dask_address) as executor:
+            with progress(len(candidates), "screening") as update:
+                screened_batches = executor.map(screen, [array("I", batch) for batch in work], on_done=update)
+            result = _rank(space, token, top_k, candidates, arithmetic, work, screened_batches, funnel, executor)
+    finally:
+        _ENUMERATED.clear()
     ranked, pareto, lights, floors, rows, pool = result
     binding = _binding_constraint(space, lights, floors, funnel, ranked[0] if ranked else None)
     return TrainingSearchResult(
@@ -167,15 +170,16 @@ def _search_training(config: Mapping[str, Any], options: SearchOptions) -> Train
 
 
 def _rank(space: TrainingSpace, token: str, top_k: int, candidates: list[Candidate], arithmetic: dict[str, int],
-          work: list[list[int]], screened_batches: list[list[Screened]], funnel: Funnel, executor: BatchPool) -> Any:
+          work: list[list[int]], screened_batches: list[ScreenedColumns], funnel: Funnel, executor: BatchPool) -> Any:
     """The screened outcomes counted and ranked; the MILPs, the top K's full pricing and DES re-ranking
     and the Pareto set's full pricing, all on ``executor`` (where screening computed the programs)."""
-    outcomes: list[Screened] = [None] * len(candidates)  # type: ignore[list-item]
-    for batch, screened in zip(work, screened_batches):
-        for i, outcome in zip(batch, screened):
-            outcomes[i] = outcome
-    rules = [outcome.rule for outcome in outcomes]  # None: screened
-    metrics = [outcome.metrics for outcome in outcomes]
+    n = len(candidates)
+    rules: list[str | None] = [None] * n  # None: screened
+    floor_of: list[float | None] = [None] * n
+    metrics: list[tuple[Any, ...] | None] = [None] * n
+    for batch, (batch_rules, batch_floors, batch_metrics) in zip(work, screened_batches):
+        for i, rule, floor, values in zip(batch, batch_rules, batch_floors, batch_metrics):
+            rules[i], floor_of[i], metrics[i] = rule, floor, values
     seen: set[tuple[Any, ...]] = set()  # see EQUIVALENT_RULE: the candidate without its schedule, its metrics
     for index in [i for i, rule in enumerate(rules) if rule is None]:
         candidate = candidates[index]
@@ -186,7 +190,7 @@ def _rank(space: TrainingSpace, token: str, top_k: int, candidates: list[Candida
     # per rule in order of first occurrence (enumeration order), after the arithmetic ones
     for rule, count in Counter(rule for rule in rules if rule is not None).items():
         funnel.pruned[rule] = funnel.pruned.get(rule, 0) + count
-    floors = [outcomes[i].floor_bytes - space.contexts[candidates[i].context].capacity_bytes
+    floors = [floor_of[i] - space.contexts[candidates[i].context].capacity_bytes  # type: ignore[operator]
               for i, rule in enumerate(rules) if rule == MEMORY_RULE]
     lights: list[_Light] = []
     for index in [i for i, rule in enumerate(rules) if rule is None]:
@@ -238,6 +242,30 @@ def _rank(space: TrainingSpace, token: str, top_k: int, candidates: list[Candida
     pareto = [(Plan(index=p.index, candidate=p.candidate, context=p.context, source=p.source,
                     analytic=copy.deepcopy(outcomes_of[p.index][0])), reason) for p, reason in front]
     return ranked, pareto, lights, floors, rows, pool
+
+
+# the candidates of the search running in this process (token -> list): set by the search process
+# before its pool forks, so that batches travel as indices; a process without them (a dask
+# worker, a spawned process) enumerates the space itself, once per search
+_ENUMERATED: dict[str, list[Candidate]] = {}
+# a batch's outcomes as columns: rules (None: screened), memory floors (the memory rule's), metrics
+ScreenedColumns = tuple[list[str | None], list[float | None], list[tuple[Any, ...] | None]]
+
+
+def screen_indices(token: str, space: TrainingSpace, count: int, indices: Sequence[int]) -> ScreenedColumns:
+    """``screen_batch`` of the candidates at ``indices`` of the search's enumeration (a top-level
+    function: picklable for pools and dask), its outcomes as columns: sent as indices and returned
+    as columns, a batch crosses processes in a few hundred kB instead of pickled records (pickling
+    the 1T example's 351,360 candidates and outcomes record by record took 2-3 s of CPU)."""
+    candidates = _ENUMERATED.get(token)
+    if candidates is None:
+        _ENUMERATED.clear()  # one search at a time per process
+        candidates = enumerate_candidates(space, _worker(token, space.contexts).bases)[0]
+        if len(candidates) != count:
+            raise RuntimeError(f"this process enumerated {len(candidates)} candidates; the search has {count}")
+        _ENUMERATED[token] = candidates
+    outcomes = screen_batch(token, space.contexts, [candidates[i] for i in indices])
+    return [o.rule for o in outcomes], [o.floor_bytes for o in outcomes], [o.metrics for o in outcomes]
 
 
 def plan_batch(token: str, contexts: Sequence[Any], work: Sequence[tuple[Candidate, bool]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:

@@ -7,12 +7,12 @@ number, so any executor and worker count gives the same results.
 
 from __future__ import annotations
 
-import dataclasses
+from operator import itemgetter
 from typing import Any, NamedTuple, Sequence
 
 from sim.runner import RunOptions
 from sim.training.config import TrainingSetup
-from sim.training.estimate import estimate_training, estimate_trainings, memory_terms
+from sim.training.estimate import _NOT_TERMS_FIELDS, estimate_training, estimate_trainings, memory_terms
 from sim.training.activations import inflight_microbatches
 from sim.training.memory import stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
@@ -47,6 +47,7 @@ class _Worker:
         self.rules: dict[str, str] = {}
         self.cache = PricingCache()
         self.floors: dict[Candidate, float] = {}
+        self.floor_parts: dict[tuple[Any, ...], tuple[Any, ...]] = {}  # see memory_floor_bytes
         self.layer_kinds: dict[tuple[Any, ...], tuple[tuple[int, int], ...]] = {}
 
 
@@ -61,39 +62,57 @@ def _worker(token: str, contexts: Sequence[Context]) -> _Worker:
     return worker
 
 
+# Candidate fields the memory terms never read (``estimate._NOT_TERMS_FIELDS``): candidates that
+# differ only there (and in recompute "none" / "selective": the floor recomputes every layer of
+# both) share their floor's stages, memory kinds, terms and in-flight micro-batches
+_TERMS_FREE_FIELDS = ("zero", "hsdp", "offload")
+assert set(_TERMS_FREE_FIELDS) <= set(_NOT_TERMS_FIELDS)
+_floor_parts_key = itemgetter(*(i for i, f in enumerate(Candidate._fields) if f not in _TERMS_FREE_FIELDS + ("recompute",)))
+
+
 def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Worker) -> float:
     """A lower bound of the peak memory any ``recompute_layers`` can give this plan: the simulator's
     memory model (``stage_memory_class``) on the first and last stages with every layer recomputed
     (inputs kept only). Stored activations only shrink with recomputation, and the one
     re-materialised layer's working set is smaller than the activations it frees once one layer and
     one micro-batch are in flight, so this bounds 'none', 'selective' and any mix from below.
-    Memoized per plan (the recompute choice aside), the stage layer counts per pipeline shape and
-    the memory terms as the analytic fidelity memoizes them (``estimate.memory_terms``)."""
+    Memoized per plan (the recompute choice aside); the stages' memory kinds, terms (as the analytic
+    fidelity memoizes them, ``estimate.memory_terms``) and in-flight micro-batches per plan without
+    its ZeRO, offload and HSDP fields, which only the sharding arithmetic of ``stage_memory_class`` reads."""
     key = candidate if candidate.recompute != "selective" else candidate._replace(recompute="none")
     floor = worker.floors.get(key)
     if floor is None:
         model, plan, job = setup.model, setup.plan, setup.job
-        shape = (candidate.context, plan.schedule, plan.pp, plan.virtual_stages, plan.layers_per_stage)
-        kinds = worker.layer_kinds.get(shape)
-        if kinds is None:
-            kinds = worker.layer_kinds[shape] = stage_layer_kinds(model, plan)
-        m = setup.num_microbatches
-        stage_plan = plan if plan.recompute == "full" or (plan.recompute == "none" and not plan.recompute_layers) \
-            else dataclasses.replace(plan, recompute="none", recompute_layers=())
-        stages = sorted({0, plan.pp - 1})
-        memory_kinds = tuple(
-            (kinds[s][0], kinds[s][1], s == 0, s == plan.pp - 1, 0 if plan.recompute == "full" else sum(kinds[s]))
-            for s in stages
-        )
-        model_id = worker.cache.spec_ids(model, setup.cluster).model
-        terms = memory_terms(setup, stage_plan, memory_kinds, worker.cache, model_id)
+        full = plan.recompute == "full"
+        # the plan with every layer recomputed: "full" as it is, else recompute "none" (and every layer
+        # in recomputed_layers below); the builder's memoized plan of that candidate
+        stage_plan = plan if full or (plan.recompute == "none" and not plan.recompute_layers) \
+            else worker.builders[candidate.context].plan(key._replace(recompute="none", recompute_layers=()))
+        parts_key = (_floor_parts_key(candidate), full)
+        parts = worker.floor_parts.get(parts_key)
+        if parts is None:
+            shape = (candidate.context, plan.schedule, plan.pp, plan.virtual_stages, plan.layers_per_stage)
+            kinds = worker.layer_kinds.get(shape)
+            if kinds is None:
+                kinds = worker.layer_kinds[shape] = stage_layer_kinds(model, plan)
+            m = setup.num_microbatches
+            stages = sorted({0, plan.pp - 1})
+            memory_kinds = tuple(
+                (kinds[s][0], kinds[s][1], s == 0, s == plan.pp - 1, 0 if full else sum(kinds[s])) for s in stages
+            )
+            model_id = worker.cache.spec_ids(model, setup.cluster).model
+            terms = memory_terms(setup, stage_plan, memory_kinds, worker.cache, model_id)
+            inflight = tuple(inflight_microbatches(plan, m, s) for s in stages)
+            parts = worker.floor_parts[parts_key] = (memory_kinds, terms, inflight)
+        memory_kinds, terms, inflight = parts
+        flash = setup.fused_attention
         floor = 0.0
-        for stage, (dense, moe, first, last, recomputed), stage_terms in zip(stages, memory_kinds, terms):
+        for (dense, moe, first, last, recomputed), stage_terms, stage_inflight in zip(memory_kinds, terms, inflight):
             kind = stage_memory_class(
                 model, stage_plan, job, dense_layers=dense, moe_layers=moe, first=first, last=last,
-                recomputed_layers=recomputed, flash_attention=setup.fused_attention, terms=stage_terms,
+                recomputed_layers=recomputed, flash_attention=flash, terms=stage_terms,
             )
-            floor = max(floor, kind.total_bytes(inflight_microbatches(plan, m, stage)))
+            floor = max(floor, kind.total_bytes(stage_inflight))
         worker.floors[key] = floor
     return floor
 
