@@ -87,10 +87,12 @@ ATTENTION_BACKWARD_FLOP_RATIO = 2.5  # FA2 counting: backward = 2.5 x forward FL
 # grows with the head dim. Linear in the head dim between the two bars, held outside them.
 ATTENTION_FA1_RATE_BY_HEAD_DIM = ((64, 0.59), (128, 0.464))
 # Fused attention kernel families: "flash" (FlashAttention-2 / cuDNN / the serving engines' own
-# kernels: the rate fitted above, and a calibration profile's measured attention rows apply) and
-# "flash1" (FlashAttention-1-class: ``attention_fa1_rate`` x the FA2 rate; a profile's rows measure
-# another kernel, e.g. TensorRT-LLM's context FMHA, and do not apply to it).
-ATTENTION_KERNELS = ("flash", "flash1")
+# kernels: the rate fitted above, and a calibration profile's measured attention rows apply),
+# "flash2" (Dao's FlashAttention-2 library kernel itself: the FA2 rate fitted above, which its own
+# benchmark tables give; a profile's rows measure other kernels, e.g. TensorRT-LLM's Hopper context
+# FMHA, and do not apply to it) and "flash1" (FlashAttention-1-class: ``attention_fa1_rate`` x the
+# FA2 rate; a profile's rows do not apply to it either).
+ATTENTION_KERNELS = ("flash", "flash2", "flash1")
 
 
 def attention_fa1_rate(head_dim: float) -> float:
@@ -346,7 +348,8 @@ def attention_time_s(
     rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     ``kernel_rate``: a further factor on the compute rate (e.g. dropout inside the kernel);
-    ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2).
+    ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2;
+    only "flash" reads a calibration profile's attention rows).
     """
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")

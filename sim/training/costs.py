@@ -186,8 +186,8 @@ def layer_passes(
         causal=causal,
         fused_attention=setup.fused_attention,
     )
-    if setup.attention_kernel == "flash1":  # a FlashAttention-1-class kernel (hardware.cost.attention_fa1_rate)
-        forward = [replace(op, kernel="flash1") if op.kind == "attention" else op for op in forward]
+    if setup.attention_kernel in ("flash1", "flash2"):  # hardware.cost.ATTENTION_KERNELS
+        forward = [replace(op, kernel=setup.attention_kernel) if op.kind == "attention" else op for op in forward]
     if job.dropout > 0.0:
         forward = with_dropout(setup, forward)
     if setup.attention_kernel == "unfused":
@@ -529,6 +529,43 @@ def accumulate_main_grads(setup: TrainingSetup, w_ops: list[Op]) -> list[Op]:
             out.append(Op(name=f"{op.name}_accumulate", kind="memory",
                           bytes_moved=elements * (op.bytes_per_element + per_element)))
     return out
+
+
+# fp8 weight casts (Transformer Engine modules holding 16-bit weights, ``fp8_params = false``): a
+# Linear casts its weight to fp8 and writes the transposed fp8 copy its dgrad GEMM reads
+# (fp8_cast_transpose_fused: read 2, write 1 + 1 bytes per element) in the first micro-batch of a
+# step only, and reuses both cached copies in the others: Megatron-Core's schedules call
+# set_is_first_microbatch on the first micro-batch of each model chunk and TELinear passes
+# is_first_microbatch to TE, which recasts only then (megatron/core/pipeline_parallel/schedules.py,
+# megatron/core/transformer/custom_layers/transformer_engine.py at 338af514, NeMo 24.07's MCORE_TAG);
+# NeMo 1.x's legacy ParallelTransformer counts micro-batches to the same end (microbatch_count in
+# nemo/collections/nlp/modules/common/megatron/transformer.py at v1.20.0). Fp8 primary weights are
+# written in fp8 by the optimizer step instead (not priced here).
+FP8_WEIGHT_CAST_BYTES = 2.0 + 1.0 + 1.0
+
+
+def fp8_weight_cast_s(setup: TrainingSetup, signature: tuple[tuple, ...], links: Mapping[str, GroupLinks]) -> float:
+    """Seconds per step one rank of the stage whose chunks are ``signature``
+    (``sim.training.data_parallel.stage_signatures``) spends casting its fp8 layers' GEMM weights
+    (see ``FP8_WEIGHT_CAST_BYTES``): zero unless fp8 with 16-bit weights."""
+    if setup.job.precision != "fp8" or setup.job.fp8_params:
+        return 0.0
+    per_layer: dict[bool, float] = {}  # weight elements per rank of a dense / MoE fp8 layer
+    elements = 0.0
+    for dense, count, _first, _last, _recomputed, bf16 in signature:
+        for index in range(count):
+            if index in bf16:
+                continue
+            moe = setup.model.is_moe and index >= dense
+            if moe not in per_layer:
+                forward = layer_passes(setup, moe)[0]
+                per_layer[moe] = float(sum(op.k * op.n * op.batch for op in forward
+                                           if op.kind == "gemm" and op.weight and not op.precision))
+            elements += per_layer[moe]
+    if elements <= 0.0:
+        return 0.0
+    cast = Op(name="fp8_weight_cast", kind="memory", bytes_moved=elements * FP8_WEIGHT_CAST_BYTES)
+    return costmodel.op_time_s(cast, setup.cluster.gpu, precision=setup.job.precision, links=links)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,6 +19,7 @@ from sim.training.costs import (
     chunk_cost,
     chunk_layer_kinds,
     collective_axes,
+    fp8_weight_cast_s,
     group_links,
     layer_kind_ops,
     price_layer,
@@ -321,13 +322,16 @@ def _chunks_of_class(
 
 
 def _data_parallel_work(
-    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache,
+    weight_cast_s: float = 0.0,
 ) -> DataParallelTimes:
     """Gradient buckets left to overlap the backward, parameter gathers, the buckets' seconds run
     serially after the backward when they do not overlap (``dp_comm_overlap = false``), and the
-    optimizer seconds of a stage holding ``params`` parameters per rank."""
+    optimizer seconds of a stage holding ``params`` parameters per rank, with the step's once-per-step
+    fp8 weight casts (``weight_cast_s``, ``costs.fp8_weight_cast_s``: run in the first micro-batch, a
+    per-step cost of the stage like its optimizer step, so priced beside it)."""
     grad_sync = grad_sync_for_parameters(setup, params, links, cache)
-    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache)
+    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + weight_cast_s
     param_gather = param_gather_for_parameters(setup, params, links, cache)
     if setup.dp_comm_overlap:
         return data_parallel_times(grad_sync, param_gather, optimizer_s)
@@ -382,9 +386,11 @@ def _class_data_parallel(
             (keys.model, plan.tp, plan.ep, plan.pp if plan.vocab_parallel else plan.pp > 1, signature),
             lambda: signature_parameters(setup, signature),
         )
+        cast_s = cache.memo("fp8_weight_cast", (keys.chunk, signature),
+                            lambda: fp8_weight_cast_s(setup, signature, links))
         out.append(cache.memo(
-            "data_parallel", (keys.data_parallel, links_key, params),
-            lambda: _data_parallel_work(setup, params, links, cache),
+            "data_parallel", (keys.data_parallel, links_key, params, cast_s),
+            lambda: _data_parallel_work(setup, params, links, cache, cast_s),
         ))
     return tuple(out)
 

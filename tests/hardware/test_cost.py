@@ -330,3 +330,21 @@ def test_shipped_fp8_surface_is_the_gemm_without_its_activation_quantization() -
     assert 2.0 * m * n * k / fast == pytest.approx(1553e12, rel=0.02)
     assert split / fast == pytest.approx(1.1, rel=0.01)
 
+
+
+def test_flash2_library_kernel_is_the_fa2_fit_with_or_without_a_profile() -> None:
+    # a shipped profile's attention rows measure TensorRT-LLM's context FMHA: they price "flash" and
+    # leave "flash2" (the flash-attn 2 library kernel) at the FA2 fit the analytic GPU gives
+    from hardware.catalog import get_gpu as shipped_gpu
+
+    shipped, analytic = shipped_gpu("h100-sxm-80gb"), get_gpu("h100-sxm-80gb")
+    assert shipped.calibration is not None
+    args = dict(heads=32, kv_heads=32, head_dim=128, precision="bf16", bytes_per_element=2)
+    seqs = [(4096, 4096)]
+    for backward in (False, True):
+        fa2 = cost.attention_time_s(shipped, seqs, kernel="flash2", backward=backward, **args)
+        assert fa2 == cost.attention_time_s(analytic, seqs, kernel="flash2", backward=backward, **args)
+        assert fa2 == cost.attention_time_s(analytic, seqs, kernel="flash", backward=backward, **args)
+    # the forward row of the profile does move "flash"
+    assert (cost.attention_time_s(shipped, seqs, kernel="flash", **args)
+            != cost.attention_time_s(shipped, seqs, kernel="flash2", **args))

@@ -510,6 +510,77 @@ def test_megatron_unfused_attention_pays_its_context_permute_and_the_qkv_split_g
     assert not [op for ops in layer_passes(flash, moe=False) for op in ops if "context_copy" in op.name]
 
 
+def test_fp8_weight_casts_run_once_per_step_over_the_fp8_layers_weights() -> None:
+    # Transformer Engine recasts a 16-bit weight to fp8 (+ its fp8 transpose: read 2, write 1 + 1 bytes
+    # per element) only in the first micro-batch of a step (is_first_microbatch): one memory pass over
+    # every fp8 layer's matmul weights per step, whatever the number of micro-batches
+    from sim import costmodel
+    from sim.training.costs import FP8_WEIGHT_CAST_BYTES, fp8_weight_cast_s
+    from sim.training.data_parallel import stage_signatures
+    from workloads.graph import Op
+
+    setup = parse_training(_h100_fp8(framework="nemo"))
+    model = setup.model
+    (signature,) = stage_signatures(setup)
+    links = group_links(setup, 0)
+    matmul = model.layers * (model.attention_parameters() + model.mlp_parameters(model.ffn_hidden))
+    expected = costmodel.op_time_s(Op(name="cast", kind="memory", bytes_moved=FP8_WEIGHT_CAST_BYTES * matmul),
+                                   setup.cluster.gpu, precision="fp8", links=links)
+    assert FP8_WEIGHT_CAST_BYTES == 4.0
+    assert fp8_weight_cast_s(setup, signature, links) == pytest.approx(expected, rel=1e-12)
+    # tp shards the weights: a quarter of the bytes on 4 ranks
+    tp4 = parse_training({**_h100_fp8(framework="nemo"), "parallel": {"tp": 4, "pp": 1, "zero": 1}})
+    (signature4,) = stage_signatures(tp4)
+    quarter = costmodel.op_time_s(Op(name="cast", kind="memory", bytes_moved=FP8_WEIGHT_CAST_BYTES * matmul / 4),
+                                  tp4.cluster.gpu, precision="fp8", links=group_links(tp4, 0))
+    assert fp8_weight_cast_s(tp4, signature4, group_links(tp4, 0)) == pytest.approx(quarter, rel=1e-12)
+    # nothing to cast at 16 bits or with fp8 primary weights (the optimizer writes them in fp8)
+    for other in (_h100_fp8(framework="nemo", precision="bf16"), _h100_fp8(framework="megatron-bridge")):
+        other_setup = parse_training(other)
+        assert fp8_weight_cast_s(other_setup, stage_signatures(other_setup)[0], links) == 0.0
+    # the bf16 edge layers keep 16-bit GEMMs: no cast
+    edges = parse_training(_h100_fp8(framework="nemo", fp8_bf16_edge_layers=1))
+    kept = (model.layers - 2) * matmul / model.layers
+    assert fp8_weight_cast_s(edges, stage_signatures(edges)[0], links) == pytest.approx(costmodel.op_time_s(
+        Op(name="cast", kind="memory", bytes_moved=FP8_WEIGHT_CAST_BYTES * kept), edges.cluster.gpu,
+        precision="fp8", links=links), rel=1e-12)
+
+
+def test_fp8_weight_casts_add_their_seconds_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the casts run in the first micro-batch only: the step grows by the same seconds at 1 and at 4
+    # micro-batches per rank, in both fidelities
+    import sim.training.iteration as iteration
+    from sim.training.costs import fp8_weight_cast_s
+    from sim.training.data_parallel import stage_signatures
+
+    setup = parse_training(_h100_fp8(framework="nemo"))
+    cast_s = fp8_weight_cast_s(setup, stage_signatures(setup)[0], group_links(setup, 0))
+    assert cast_s > 0.0
+
+    def step_s(config: dict, fidelity: str) -> float:
+        return simulate_training(config, RunOptions(fidelity=fidelity)).metrics()["iteration_time_s"]
+
+    for fidelity in ("analytic", "des"):
+        for batch in (8, 32):
+            config = _h100_fp8(framework="nemo", global_batch=batch)
+            with_casts = step_s(config, fidelity)
+            with monkeypatch.context() as patch:
+                patch.setattr(iteration, "fp8_weight_cast_s", lambda *args: 0.0)
+                without = step_s(config, fidelity)
+            assert with_casts - without == pytest.approx(cast_s, rel=1e-6)
+
+
+def test_nemo_stacks_run_the_flash_attn_2_kernel_not_the_calibrated_rows() -> None:
+    # NeMo 24.07's launcher disables cuDNN fused attention (NVTE_FUSED_ATTN: 0) and MLPerf v3.1's TE
+    # runs flash-attn 2.0.8 first: the FA2 library kernel, priced by the FA2 fit whatever the profile
+    for framework in ("nemo", "nemo-1.20"):
+        setup = parse_training(_h100_fp8(framework=framework))
+        assert setup.attention_kernel == "flash2" and setup.fused_attention
+        attention = [op for op in layer_passes(setup, moe=False)[0] if op.kind == "attention"]
+        assert attention and all(op.kernel == "flash2" for op in attention)
+    assert parse_training(_h100_fp8(framework="megatron-core")).attention_kernel == "flash"
+    with pytest.raises(ConfigError, match="flash2"):
+        parse_training(_h100_fp8(framework="nemo", attention_kernel="flash4"))
 def test_megatron_ddp_grad_buffer_passes_cost_four_passes_over_the_whole_buffer() -> None:
     """Megatron-Core's DDP (``grad_buffer_passes = "megatron_ddp"``) zeroes, NaN-checks and pre-scales
     the rank's whole fp32 gradient buffer each iteration under the distributed optimizer (ZeRO 1):
