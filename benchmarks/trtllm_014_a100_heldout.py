@@ -13,8 +13,11 @@ GPUs, so the difference between the two summaries is what the H100's pricing add
 
     PYTHONPATH=. python benchmarks/trtllm_014_a100_heldout.py
 
-On main after the reported-memory change: A100 MAPE 7.0 %, signed +4.4 %, worst +15.3 % (70B TP4
-2048/128); H100 (the suite) 12.6 %, +11.6 %, +22.8 %.
+On main after the rows took the checkpoint's bf16 (trtllm-bench builds at the Hugging Face torch_dtype;
+the profiles' measured bf16 GEMM tables apply, where fp16 fell back to the roofline): A100 MAPE 10.9 %,
+signed +10.1 %, worst +22.4 % (70B TP4 5000/500); H100 (the suite) 11.9 %, +10.5 %, +22.0 %: as
+optimistic on both GPUs, row by row. With fp16 rows at the roofline it read A100 7.0 %, +4.4 %, worst
++15.3 %; H100 12.6 %, +11.6 %, +22.8 %.
 """
 
 from __future__ import annotations
