@@ -857,6 +857,58 @@ def blocking_p2p_axes(setup: TrainingSetup) -> tuple[str, ...]:
     return ("pp", "tp") if setup.pipeline_p2p == "blocking" else ()
 
 
+# Delayed scaling's amax reduction in Transformer Engine 1.x (``fp8_scale_update = "fused"``): at the
+# exit of each fp8_autocast (Megatron-Core enters one per TransformerBlock forward, i.e. per model chunk
+# and micro-batch) FP8GlobalStateManager.reduce_and_update_fp8_tensors all-reduces (MAX) the
+# concatenated amaxes of the chunk's fp8 modules over the autocast's fp8_group with async_op=False, and
+# once more in backward, in the backward of the first module (reduce_and_update_bwd_fp8_tensors)
+# (transformer_engine/pytorch/fp8.py reduce_tensor_across_group_op_max, module/linear.py at 7d576ed25,
+# NeMo 24.07's TE_TAG). Megatron-Core's fp8_group is every rank of the pipeline stage, tp x dp x cp
+# (parallel_state.get_amax_reduction_group(with_context_parallel=True), transformer_block.py at
+# 338af514). The compute stream waits for each all-reduce, so its latency is exposed: priced as an
+# all-reduce of the amaxes (fp32; per fp8 GEMM 3 forward tensors, input / weight / output, and 2
+# backward, grad output / grad input: TE's fp8_meta scaling_fwd / scaling_bwd) over the stage's data-
+# parallel group, whose nodes the stage's tp ranks share (the tp group when dp x cp = 1). The 2023 TE
+# of ``fp8_scale_update = "per_module"`` (MLPerf v3.0 / v3.1) reduced asynchronously inside the TP
+# group only (their config_common.sh NVTE_DP_AMAX_REDUCE_INTERVAL=0, NVTE_ASYNC_AMAX_REDUCTION=1): not
+# priced. Current scaling keeps no amax history: not priced.
+FP8_AMAX_TENSORS_PER_GEMM = (3, 2)  # (forward, backward) amaxes per fp8 GEMM
+
+
+def fp8_amax_reduction_axes(setup: TrainingSetup) -> tuple[str, ...]:
+    """The process-group axes whose links ``fp8_amax_reduction_s`` reads for ``setup``'s chunks."""
+    applies = (setup.job.precision == "fp8" and setup.fp8_recipe == "delayed" and setup.fp8_scale_update == "fused")
+    return ("dp", "tp") if applies else ()
+
+
+def fp8_amax_reduction_s(
+    setup: TrainingSetup, links: Mapping[str, GroupLinks], fp8_gemms: int, cache: PricingCache | None = None
+) -> tuple[float, float]:
+    """Seconds per micro-batch a chunk of ``fp8_gemms`` fp8 GEMMs waits in its forward and its
+    backward for the blocking amax all-reduces (see ``FP8_AMAX_TENSORS_PER_GEMM``); zero where the
+    stack has none or the stage is one rank."""
+    if not fp8_amax_reduction_axes(setup) or fp8_gemms <= 0:
+        return 0.0, 0.0
+    group = links["dp"] if links["dp"].size > 1 else links["tp"]
+    if group.size <= 1:
+        return 0.0, 0.0
+    collective = cache.collective_s if cache is not None else collective_time_s
+    forward, backward = (collective(Collective.ALL_REDUCE, 4.0 * tensors * fp8_gemms, group)
+                         for tensors in FP8_AMAX_TENSORS_PER_GEMM)
+    return forward, backward
+
+
+def chunk_link_axes(setup: TrainingSetup) -> tuple[str, ...]:
+    """Axes whose links ``chunk_cost`` reads besides its layers' collectives."""
+    return tuple(dict.fromkeys(blocking_p2p_axes(setup) + fp8_amax_reduction_axes(setup)))
+
+
+def fp8_gemms_per_layer(setup: TrainingSetup, moe: bool) -> int:
+    """fp8 GEMMs with a weight in one transformer layer (``layer_passes``' forward; grouped expert
+    GEMMs count once per local expert)."""
+    return sum(op.batch for op in layer_passes(setup, moe)[0] if op.kind == "gemm" and op.weight and not op.precision)
+
+
 # what a chunk's layer is priced as: (MoE, fully recomputed, kept in bf16) for a transformer layer,
 # "embedding" / "lm_head" for the pipeline ends
 LayerKind = "tuple[bool, bool, bool] | str"
@@ -958,14 +1010,21 @@ def chunk_cost(
     f_p2p, b_p2p = blocking_p2p_s(setup, links, send, first=first, last=last, cache=cache)
     if f_p2p or b_p2p:
         exposed["pp"] = exposed.get("pp", 0.0) + f_p2p + b_p2p
+    f_amax = b_amax = 0.0
+    if fp8_amax_reduction_axes(setup):
+        gemms = {moe: fp8_gemms_per_layer(setup, moe) for moe in {model.is_moe and layer >= model.dense_layers for layer in layers}}
+        fp8_gemms = sum(gemms[model.is_moe and layer >= model.dense_layers] for layer in layers if not setup.bf16_layer(layer))
+        f_amax, b_amax = fp8_amax_reduction_s(setup, links, fp8_gemms, cache)
+        if f_amax or b_amax:
+            exposed["dp"] = exposed.get("dp", 0.0) + f_amax + b_amax
     parts = layer_activation_parts(
         model, plan, job, moe=model.is_moe, flash_attention=setup.fused_attention, dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
     activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
     totals = [passes_of[id(c)][1] for c in costs]
-    passes = [sum(t[0] for t in totals) - hidden_pp[0] + f_p2p,
-              sum(t[1] for t in totals) - hidden_pp[1] + b_p2p,
+    passes = [sum(t[0] for t in totals) - hidden_pp[0] + f_p2p + f_amax,
+              sum(t[1] for t in totals) - hidden_pp[1] + b_p2p + b_amax,
               sum(t[2] for t in totals) - hidden_pp[2]]
     if plan.activation_offload:
         passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))

@@ -15,7 +15,7 @@ from sim.training.config import TrainingSetup
 from sim.training.costs import (
     GROUP_AXES,
     LayerCost,
-    blocking_p2p_axes,
+    chunk_link_axes,
     chunk_cost,
     chunk_layer_kinds,
     collective_axes,
@@ -272,7 +272,7 @@ def _chunks_of_class(
 
     A layer's price depends on the links only through the groups of its collectives' axes
     (``costs.collective_axes``), a chunk's through those of its layers and its blocking p2p
-    (``costs.blocking_p2p_axes``), so layers and chunks are memoized per chunk context and the links
+    and fp8 amax all-reduces (``costs.chunk_link_axes``), so layers and chunks are memoized per chunk context and the links
     of those axes alone: plans differing only in data-parallel or pipeline degree (other dp, pp and
     dp-shard groups) share them. The ops of each layer kind are built once per chunk context."""
     signature, links = layout.signatures[index], layout.links[index]
@@ -303,7 +303,7 @@ def _chunks_of_class(
 
     def kinds_of(layers: range, first: bool, last: bool, recomputed: int) -> tuple[tuple[Any, ...], tuple[str, ...]]:
         kinds = tuple(chunk_layer_kinds(setup, layers=layers, first=first, last=last, recomputed=recomputed))
-        return kinds, tuple(sorted(frozenset(blocking_p2p_axes(setup)).union(*(ops_of(k)[1] for k in set(kinds)))))
+        return kinds, tuple(sorted(frozenset(chunk_link_axes(setup)).union(*(ops_of(k)[1] for k in set(kinds)))))
 
     costs = []
     for (layers, first, last), chunk_signature in zip(layout.chunk_ranges[index], signature):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Callable, Literal, NamedTuple, Sequence, TypeVar
@@ -365,34 +365,47 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     depth = lane_chunks[:, None] - 1 - (local - first_chunk[local])  # smaller key for the deeper chunk
     never = np.iinfo(np.int64).max
     nowhere = sentinel + int(ms.max())  # the end of an op that never runs (a column with no op left)
-    ends = np.full(nowhere + 1, never, dtype=np.int64)
+    dump = nowhere + 1  # where a W's end goes (nothing waits for a W)
+    ends = np.full(dump + 1, never, dtype=np.int64)
     ends[sentinel:nowhere] = -1
     limit = np.concatenate([np.asarray(s.limits, dtype=np.int64) for s in specs])
     lanes = len(limit)
-    # the choices of a lane, as columns: B of each local chunk, F of each local chunk, a pending W.
-    # Per (lane, B/F column) what its next op (micro-batch nxt) waits for: ends[first + nxt] and
-    # ends[second + nxt] (a B its own F and the next chunk's B; an F the previous chunk's F), ends[at
-    # + nxt] where it ends, the most activations the lane may hold to start it (an F) and its key
-    # (class, micro-batch, deepest chunk first: one integer; B before F unless forward_first)
+    # the choices of a lane, as columns: B of each local chunk, F of each local chunk and, with
+    # ``split``, its oldest pending W (one column). Per (lane, B/F column) what its next op
+    # (micro-batch nxt) waits for: ends[first + nxt] and ends[second + nxt] (a B its own F and the
+    # next chunk's B; an F the previous chunk's F), ends[at + nxt] where it ends, the most
+    # activations the lane may hold to start it (an F) and its key (class, micro-batch, deepest
+    # chunk first: one integer; B before F unless forward_first; the W column after both)
     span = lane_m * lane_chunks
     b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
     own_f = base[local]
-    first = np.concatenate([own_f, f_wait[local]], axis=1)
-    second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel)], axis=1)
-    at = np.concatenate([slots + own_f, own_f], axis=1)
-    room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local]], axis=1)
-    keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth], axis=1)
+    w_columns = 1 if split else 0
+    lane_sentinel = np.full((lanes, w_columns), sentinel, dtype=np.int64)
+    first = np.concatenate([own_f, f_wait[local], lane_sentinel], axis=1)
+    second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel), lane_sentinel], axis=1)
+    at = np.concatenate([slots + own_f, own_f, lane_sentinel * 0 + dump], axis=1)
+    # the lane's count that must be at most ``room`` to start the column's op: held activations
+    # for B and F (B: always), minus the pending W for the W column (at least one pending)
+    room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local], np.full((lanes, w_columns), -1)], axis=1)
+    keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth, np.full((lanes, w_columns), 1) * 2 * span[:, None]],
+                          axis=1)
     no_choice = 3 * int(span.max())
-    columns = 2 * per_stage
+    columns = 2 * per_stage + w_columns
     # per (lane, column), flat, in the rows of ``state``: the next op's micro-batch, where it ends
-    # (at + micro-batch), the two ends it waits for (first + ..., second + ...) and its key, moved
-    # on by ``step`` as the column's ops are placed
+    # (at + micro-batch), the two ends it waits for (first + ..., second + ...), its key and the
+    # ops the column has left, moved on by ``step`` as the column's ops are placed (the W column
+    # stays as it is: which W it runs is known once all are placed, below)
     flat_size = lanes * columns
-    state = np.stack([np.zeros(flat_size, dtype=np.int64), at.ravel(), first.ravel(), second.ravel(), keys.ravel()])
+    lane_column_m = np.repeat(lane_m, columns)
+    if split:
+        lane_column_m[columns - 1 :: columns] = 0  # (the W column: never gone)
+    state = np.stack([np.zeros(flat_size, dtype=np.int64), at.ravel(), first.ravel(), second.ravel(), keys.ravel(), lane_column_m])
     step = np.ones_like(state)
     step[4] = np.repeat(lane_chunks, columns)
+    step[5] = -1
+    if split:
+        step[:, columns - 1 :: columns] = 0
     waits, keys = state[2:4], state[4].reshape(lanes, columns)
-    wait_a, wait_b = waits
     state_flat, step_flat = state.ravel(), step.ravel()  # (one fancy index into all rows: rows offset by flat_size)
     row_offsets = (np.arange(len(state)) * flat_size)[:, None]
     room = room.reshape(lanes, columns)
@@ -400,30 +413,30 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     # column per_stage + c, W of chunk c the pseudo-column 2 per_stage + c (pass and chunk by column)
     column_kind = np.repeat([B_CODE, F_CODE, W_CODE], per_stage)
     column_chunk = np.tile(np.arange(per_stage), 3)
-    column_held = np.repeat([-1, 1], per_stage)
     column_duration = np.repeat([1 if split else 2, 1], per_stage)
-    lane_column_m = np.repeat(lane_m, columns)
-    held = np.zeros(lanes, dtype=np.int64)
+    # per lane (held activations, minus the pending W) and what each column's op adds to them
+    counted = np.zeros((lanes, 2), dtype=np.int64)
+    column_counts = np.zeros((columns, 2), dtype=np.int64)
+    column_counts[:per_stage, 0], column_counts[per_stage : 2 * per_stage, 0] = -1, 1
+    if split:
+        column_counts[:per_stage, 1], column_counts[-1, 1] = -1, 1
+    counted_of = np.repeat([0, 0, 1], [per_stage, per_stage, w_columns])  # the count each column's room bounds
     free = np.zeros(lanes, dtype=np.int64)
     total = 3 * lane_m * per_stage
     out_base = np.cumsum(total) - total
     out_mb, out_column = np.zeros((2, int(total.sum())), dtype=np.int64)
     cursor = out_base.copy()  # per lane, where its next op goes in ``out_mb`` / ``out_column``
-    # pending W per lane (micro-batch, pseudo-column) in B order: a queue with head and tail
-    queue_base = out_base // 3
-    queue_mb, queue_column = np.zeros((2, int(total.sum()) // 3), dtype=np.int64)
-    head, tail = queue_base.copy(), queue_base.copy()
     row_start = np.arange(lanes) * columns
     left = int(total.sum())  # ops not yet placed
     t = 0
     while True:
-        # every lane's choices: its best ready B or F (a W, pending since its B, only when none is)
-        ready = np.maximum(ends.take(wait_a), ends.take(wait_b)) <= t
-        score = np.where(ready.reshape(lanes, columns) & (held[:, None] <= room), keys, no_choice)
+        # every lane's choices: its best ready B or F, else (with ``split``) a pending W
+        ready = ends.take(waits).max(axis=0).reshape(lanes, columns) <= t
+        score = np.where(ready & (counted[:, counted_of] <= room), keys, no_choice)
         column = score.argmin(axis=1)
         best = row_start + column
-        has_fb = score.ravel().take(best) < no_choice  # the best is a ready op (keys are below no_choice)
-        rows = ((has_fb | (head < tail) if split else has_fb) & (free <= t)).nonzero()[0]
+        has_op = score.ravel().take(best) < no_choice  # the best is a ready op (keys are below no_choice)
+        rows = (has_op if split else has_op & (free <= t)).nonzero()[0]
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
             if not len(later_free):
@@ -433,45 +446,36 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
                 )
             t = int(later_free.min())
             continue
-        is_fb = has_fb[rows]
         row = cursor[rows]
-        cursor[rows] += 1
-        free[rows] = t + 1
-        if not _all(is_fb):
-            w_stages = rows[~is_fb]
-            w_slot = head[w_stages]
-            w_row = row[~is_fb]
-            out_mb[w_row], out_column[w_row] = queue_mb[w_slot], queue_column[w_slot]
-            head[w_stages] += 1
-            stages, row = rows[is_fb], row[is_fb]
-        else:
-            stages = rows
-        c = column[stages]
-        flat = best[stages]
-        mb = state[0, flat]
-        out_mb[row], out_column[row] = mb, c
-        ends[state[1, flat]] = t + column_duration[c]
+        cursor[rows] = row + 1
+        c = column[rows]
+        flat = best[rows]
         entries = flat + row_offsets
-        state_flat[entries] += step_flat[entries]
-        gone = flat[mb + 1 == lane_column_m[flat]]  # the column's last op: it never has another
+        values = state_flat[entries]
+        state_flat[entries] = values + step_flat[entries]
+        mb = values[0]
+        out_mb[row], out_column[row] = mb, c
+        ends[values[1]] = t + column_duration[c] if not split else t + 1
+        gone = flat[values[5] == 1]  # the column's last op: it never has another
         if len(gone):
             waits[:, gone] = nowhere
-        held[stages] += column_held[c]
-        is_b = c < per_stage
-        b_stages = stages[is_b]
-        if split:
-            slot = tail[b_stages]
-            queue_mb[slot], queue_column[slot] = mb[is_b], c[is_b] + 2 * per_stage
-            tail[b_stages] += 1
-        elif len(b_stages):
-            w_row = cursor[b_stages]
-            out_mb[w_row], out_column[w_row] = mb[is_b], c[is_b] + 2 * per_stage
-            cursor[b_stages] += 1
-            free[b_stages] = t + 2
-        left -= len(rows) + (0 if split else len(b_stages))
+        counted[rows] += column_counts[c]
+        if not split:
+            free[rows] = t + 1
+            b_stages = rows[c < per_stage]
+            if len(b_stages):  # its W at once (fused backward: the stage is busy 2 time units)
+                w_row = cursor[b_stages]
+                out_mb[w_row], out_column[w_row] = mb[c < per_stage], c[c < per_stage] + 2 * per_stage
+                cursor[b_stages] = w_row + 1
+                free[b_stages] = t + 2
+            left -= len(b_stages)
+        left -= len(rows)
         if not left:
             break
         t += 1
+    if split:  # each lane's W run in the order of its B (its oldest pending W each time)
+        w_rows, b_rows = np.flatnonzero(out_column == columns - 1), np.flatnonzero(out_column < per_stage)
+        out_mb[w_rows], out_column[w_rows] = out_mb[b_rows], out_column[b_rows] + 2 * per_stage
     out = np.stack([column_kind[out_column], out_mb, column_chunk[out_column]], axis=1)  # rows (pass code, micro-batch, local chunk)
     cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
     return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(out, cuts))]
@@ -1026,6 +1030,23 @@ def _execute_packed(
     return _executions(programs, table, _unpacked(paths[last_op][:, columns]), _unpacked(paths[start_op][:, columns]))
 
 
+def _execute_levels(table: _Lanes) -> np.ndarray:
+    """The step at which every op of ``table`` starts in the unit-time run of ``_execute_all`` (what
+    its ``record`` receives), the run alone, no path tracked. Raises ``_Deadlock`` when no lane can go on."""
+    dep, counts, first = table.dep, table.counts, table.first
+    n = len(table.kind)
+    ends = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    ends[n] = -1
+    current, stop = first.copy(), first + counts
+    t = 0
+    while (started := _started(current, stop, dep, ends, t)) is not None:
+        active, op, _ = started
+        ends[op] = t + 1
+        current[active] += 1
+        t += 1
+    return ends[:n] - 1
+
+
 def _unpacked(paths: np.ndarray) -> np.ndarray:
     """(..., 3) F, B and W counts of packed paths (``_execute_packed``)."""
     field = (1 << _COUNT_BITS) - 1
@@ -1088,11 +1109,9 @@ def program_graph(schedule: str, pp: int, num_microbatches: int, virtual_stages:
 
 @lru_cache(maxsize=256)
 def _program_graph_alone(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> ProgramGraph:
-    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)
+    program = schedule_program(schedule, pp, num_microbatches, virtual_stages)  # (validated: it runs)
     table = _lanes([program])
-    record: list[np.ndarray] = []
-    _execute_table([program], table, record)
-    return _graphs([program], table, record[0])[0]
+    return _graphs([program], table, _execute_levels(table))[0]
 
 
 def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[ProgramGraph]:
@@ -1129,28 +1148,62 @@ def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[P
     return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class ProgramProfile:
     """What the analytic fidelity and the memory model read of a program (``program_profile``)."""
 
     chunks_per_stage: int
     split_backward: bool
-    # Pareto-maximal (F, B, W) op counts of the paths to the end of the pipeline on uniform stages:
-    # with per-chunk-op times f, b, w the pipeline takes max over paths of nF f + nB b + nW w
-    critical_paths: tuple[Vector, ...]
-    # per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)
-    stage_paths: tuple[tuple[Vector, ...], ...]
-    # per stage, the same for the paths to the start of its first op (when it can begin on uniform stages)
-    stage_start_paths: tuple[tuple[Vector, ...], ...]
     peak_held_chunks: tuple[int, ...]  # per stage, most (micro-batch, chunk) activations held at once
     last_chunk_inflight: int  # most micro-batches whose last-chunk forward has run and backward not
     p2p_boundaries: tuple[int, ...]  # link index of every model-order chunk transition between stages
     # (link i joins stage i and i + 1; the wrap-around link of looping placements is not counted: a
     # fill and a drain cross each chunk boundary once, and the wrap is hidden behind the other stages)
+    key: ProgramKey  # (schedule, pp, m, v) of the program
+    # the paths of its execution on uniform stages (``Execution``'s first and last fields), or None
+    # where the program was executed for its dependency graph alone (``prepare_program_profiles``):
+    # then its execution is run once more when a path is first read (``_checked_program``)
+    uniform_paths: tuple[tuple[tuple[Vector, ...], ...], tuple[tuple[Vector, ...], ...]] | None = field(repr=False)
+
+    @cached_property
+    def _paths(self) -> tuple[tuple[Vector, ...], tuple[tuple[Vector, ...], ...], tuple[tuple[Vector, ...], ...]]:
+        if self.uniform_paths is not None:
+            stage_ends, stage_starts = self.uniform_paths
+        else:
+            execution = _checked_program(*self.key)[1]
+            stage_ends, stage_starts = execution[0], execution[3]
+        return _pareto(tuple(vec for ends in stage_ends for vec in ends)), stage_ends, stage_starts
+
+    @property
+    def critical_paths(self) -> tuple[Vector, ...]:
+        """Pareto-maximal (F, B, W) op counts of the paths to the end of the pipeline on uniform
+        stages: with per-chunk-op times f, b, w the pipeline takes max over paths of nF f + nB b + nW w."""
+        return self._paths[0]
+
+    @property
+    def stage_paths(self) -> tuple[tuple[Vector, ...], ...]:
+        """Per stage, the same for the paths ending at the stage's last op (its finish on uniform stages)."""
+        return self._paths[1]
+
+    @property
+    def stage_start_paths(self) -> tuple[tuple[Vector, ...], ...]:
+        """Per stage, the same for the paths to the start of its first op (when it can begin on uniform stages)."""
+        return self._paths[2]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProgramProfile):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in _PROFILE_FIELDS)
+
+    __hash__ = object.__hash__
 
     def inflight_stages(self, stage: int) -> float:
         """Peak in-flight activations of ``stage`` in units of the whole stage's layers."""
         return self.peak_held_chunks[stage] / self.chunks_per_stage
+
+
+_PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths",
+                   "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
 
 
 def _built_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> Program:
@@ -1263,13 +1316,23 @@ MAX_PROGRAMS = 32  # programs kept by prepare_program_profiles (each as large as
 _BATCH_SLOTS, _BATCH_LANES = 1 << 19, 4096
 
 
-def _remember(key: ProgramKey, program: Program, execution: Execution) -> ProgramProfile:
+def _remember(key: ProgramKey, program: Program, execution: Execution | None) -> ProgramProfile:
     if len(_PROFILES) >= MAX_PROFILES:
         _PROFILES.clear()
     if len(_GRAPHS) >= MAX_GRAPHS:
         _GRAPHS.clear()
-    profile = _PROFILES[key] = _profile(program, execution)
+    profile = _PROFILES[key] = _profile(key, program, execution)
     return profile
+
+
+def _paths_deferred(program: Program) -> bool:
+    """Whether ``prepare_program_profiles`` executes the program for its dependency graph alone
+    (``_execute_levels``), leaving its uniform-stage paths (``ProgramProfile.critical_paths``) to be
+    computed when first read: programs of several chunks per stage, which the analytic fidelity
+    prices by the longest paths of their graph (``analytic.spans_request``) unless every stage is
+    alike (measured on the 1T / 3,072-A100 search: of 537 such programs none has a candidate whose
+    stages are all alike, against 441 of the 697 one-chunk programs)."""
+    return program.chunks_per_stage > 1
 
 
 def _needs_graph(program: Program | ProgramProfile) -> bool:
@@ -1284,7 +1347,7 @@ def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stage
     key = (schedule, pp, num_microbatches, virtual_stages)
     profile = _PROFILES.get(key)
     if profile is None:
-        profile = _remember(key, *_checked_program(*key))
+        profile = _remember(key, *_checked_program(*key))  # (the program and its execution)
     return profile
 
 
@@ -1344,28 +1407,40 @@ def prepare_program_profiles(keys: Any) -> None:
     reused = {key for key, _ in built}
     built += _built_programs([key for key in wanted if key not in reused])
     built.sort(key=lambda item: (item[1].ops.shape[1], item[0]))
-    for group in _packed(built, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
-        programs = [program for _, program in group]
-        table = _lanes(programs)
-        record: list[np.ndarray] = []
-        try:
-            executions = _execute_table(programs, table, record)
-        except InvalidPlanError:  # a deadlocked program: left to program_profile to raise
-            continue
-        graphs = _graphs(programs, table, record[0]) if record else [None] * len(programs)
-        for (key, program), execution, graph in zip(group, executions, graphs):
-            _remember(key, program, execution)
-            if _needs_graph(program) and graph is not None:
-                _GRAPHS[key] = graph
-            if len(_PROGRAMS) >= MAX_PROGRAMS:
-                _PROGRAMS.clear()
-            _PROGRAMS[key] = program
+    # the programs whose paths wait until read (``_paths_deferred``) run apart: their runs track the
+    # steps alone (``_execute_levels``), the others' every path too (``_execute_table``)
+    deferred = [item for item in built if _paths_deferred(item[1])]
+    executed = [item for item in built if not _paths_deferred(item[1])]
+    for items, paths in ((executed, True), (deferred, False)):
+        for group in _packed(items, lambda item: (2 * len(item[1].placement) * item[1].num_microbatches, item[1].pp)):
+            programs = [program for _, program in group]
+            table = _lanes(programs)
+            record: list[np.ndarray] = []
+            try:
+                executions: list[Execution | None] = (
+                    _execute_table(programs, table, record) if paths else [None] * len(programs)
+                )
+                if not paths:
+                    record.append(_execute_levels(table))
+            except (InvalidPlanError, _Deadlock):  # a deadlocked program: left to program_profile to raise
+                continue
+            graphs = _graphs(programs, table, record[0]) if record else [None] * len(programs)
+            for (key, program), execution, graph in zip(group, executions, graphs):
+                if execution is not None or key not in _PROFILES:  # (a known profile keeps its paths)
+                    _remember(key, program, execution)
+                if _needs_graph(program) and graph is not None:
+                    if len(_GRAPHS) >= MAX_GRAPHS:
+                        _GRAPHS.clear()
+                    _GRAPHS[key] = graph
+                if len(_PROGRAMS) >= MAX_PROGRAMS:
+                    _PROGRAMS.clear()
+                _PROGRAMS[key] = program
 
 
-def _profile(program: Program, execution: Execution) -> ProgramProfile:
-    stage_paths, peak, last_peak, start_paths = execution
+def _profile(key: ProgramKey, program: Program, execution: Execution | None) -> ProgramProfile:
+    """The profile of ``program`` from its ``Execution``, or with its paths computed when first read (None)."""
+    occupancy = program.occupancy
     pp, virtual_stages = program.pp, program.chunks_per_stage
-    paths = _pareto(tuple(vec for ends in stage_paths for vec in ends))
     place = program.placement
     looping = place == placement("looping", pp, virtual_stages)
     boundaries = []
@@ -1374,9 +1449,10 @@ def _profile(program: Program, execution: Execution) -> ProgramProfile:
         if a != b and not (looping and (a, b) == (pp - 1, 0)) and abs(a - b) == 1:
             boundaries.append(min(a, b))
     return ProgramProfile(
-        chunks_per_stage=virtual_stages, split_backward=program.split_backward, critical_paths=paths,
-        stage_paths=stage_paths, stage_start_paths=start_paths,
-        peak_held_chunks=peak, last_chunk_inflight=last_peak, p2p_boundaries=tuple(boundaries),
+        chunks_per_stage=virtual_stages, split_backward=program.split_backward,
+        peak_held_chunks=occupancy.peak_held_chunks, last_chunk_inflight=occupancy.last_chunk_inflight,
+        p2p_boundaries=tuple(boundaries), key=key,
+        uniform_paths=None if execution is None else (execution[0], execution[3]),
     )
 
 

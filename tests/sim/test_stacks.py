@@ -663,3 +663,30 @@ def test_qkv_split_concatenates_the_gradients_and_copies_v_after_rope() -> None:
     assert not any(op.name.startswith("qkv_split") for ops in layer_passes(old, moe=False) for op in ops)
     with pytest.raises(ConfigError, match="qkv_split = 'always'; allowed: none, concat, concat_copy_v"):
         parse_training({**base, "training": {**base["training"], "qkv_split": "always"}})
+
+
+def test_te1_delayed_scaling_waits_for_a_blocking_amax_all_reduce_per_chunk_pass() -> None:
+    # TE 1.x reduce_and_update_fp8_tensors: one all-reduce (MAX, async_op=False) of the chunk's amaxes
+    # (3 per fp8 GEMM forward, 2 backward, fp32) over the stage's ranks at each fp8_autocast exit and in
+    # backward: exposed on the compute stream, per chunk and micro-batch
+    from hardware.collectives import Collective, collective_time_s
+    from sim.training.costs import chunk_cost, fp8_amax_reduction_s, fp8_gemms_per_layer
+
+    config = {**_h100_fp8(framework="nemo"), "parallel": {"tp": 1, "pp": 1, "zero": 1}}
+    setup = parse_training(config)
+    links = group_links(setup, 0)
+    gemms = fp8_gemms_per_layer(setup, False)
+    assert gemms == 4  # qkv, out, fc1, fc2
+    forward, backward = fp8_amax_reduction_s(setup, links, 3 * gemms)
+    assert forward == collective_time_s(Collective.ALL_REDUCE, 4.0 * 3 * 3 * gemms, links["dp"]) > 0.0
+    assert backward == collective_time_s(Collective.ALL_REDUCE, 4.0 * 2 * 3 * gemms, links["dp"]) > 0.0
+    chunk = chunk_cost(setup, layers=range(3), first=False, last=False, links=links, layer_cache={})
+    # the same chunk of a stack without it (MLPerf's 2023 TE: asynchronous, TP-only) is that much faster
+    per_module = parse_training({**config, "training": {**config["training"], "fp8_scale_update": "per_module"}})
+    assert fp8_amax_reduction_s(per_module, links, 3 * gemms) == (0.0, 0.0)
+    assert chunk.work.exposed_comm_s["dp"] == pytest.approx(forward + backward, rel=1e-12)
+    # none at 16 bits, with current scaling, or on one rank
+    for other in (_h100_fp8(framework="nemo", precision="bf16"), _h100_fp8(framework="nemo", fp8_recipe="current")):
+        assert fp8_amax_reduction_s(parse_training(other), links, 12) == (0.0, 0.0)
+    one = parse_training({**_h100_fp8(framework="nemo"), "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1}})
+    assert fp8_amax_reduction_s(one, group_links(one, 0), 12) == (0.0, 0.0)
