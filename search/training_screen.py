@@ -20,6 +20,7 @@ from sim.training.run import simulate_training
 from sim.training.schedules import build_programs, check_program, placement_kind, prepare_program_profiles
 from search.training_space import Candidate, Context, SetupBuilder, context_setup, rule_of
 from workloads.errors import InvalidPlanError
+from workloads.plan import ParallelPlan, TrainingJob
 
 MEMORY_RULE = "memory lower bound (every layer recomputed) exceeds HBM capacity"
 # the analytic metrics a screened candidate keeps (the rest are recomputed for the few reported)
@@ -70,7 +71,7 @@ assert set(_TERMS_FREE_FIELDS) <= set(_NOT_TERMS_FIELDS)
 _floor_parts_key = itemgetter(*(i for i, f in enumerate(Candidate._fields) if f not in _TERMS_FREE_FIELDS + ("recompute",)))
 
 
-def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Worker) -> float:
+def memory_floor_bytes(plan: ParallelPlan, job: TrainingJob, candidate: Candidate, worker: _Worker) -> float:
     """A lower bound of the peak memory any ``recompute_layers`` can give this plan: the simulator's
     memory model (``stage_memory_class``) on the first and last stages with every layer recomputed
     (inputs kept only). Stored activations only shrink with recomputation, and the one
@@ -78,11 +79,13 @@ def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Work
     one micro-batch are in flight, so this bounds 'none', 'selective' and any mix from below.
     Memoized per plan (the recompute choice aside); the stages' memory kinds, terms (as the analytic
     fidelity memoizes them, ``estimate.memory_terms``) and in-flight micro-batches per plan without
-    its ZeRO, offload and HSDP fields, which only the sharding arithmetic of ``stage_memory_class`` reads."""
+    its ZeRO, offload and HSDP fields, which only the sharding arithmetic of ``stage_memory_class`` reads.
+    ``plan`` and ``job``: the candidate's, validated (``SetupBuilder.validated``)."""
     key = candidate if candidate.recompute != "selective" else candidate._replace(recompute="none")
     floor = worker.floors.get(key)
     if floor is None:
-        model, plan, job = setup.model, setup.plan, setup.job
+        setup = worker.bases[candidate.context]  # the context's model, cluster and attention kernel
+        model = setup.model
         full = plan.recompute == "full"
         # the plan with every layer recomputed: "full" as it is, else recompute "none" (and every layer
         # in recomputed_layers below); the builder's memoized plan of that candidate
@@ -95,13 +98,15 @@ def memory_floor_bytes(setup: TrainingSetup, candidate: Candidate, worker: _Work
             kinds = worker.layer_kinds.get(shape)
             if kinds is None:
                 kinds = worker.layer_kinds[shape] = stage_layer_kinds(model, plan)
-            m = setup.num_microbatches
+            m = job.num_microbatches(plan.dp)
             stages = sorted({0, plan.pp - 1})
             memory_kinds = tuple(
                 (kinds[s][0], kinds[s][1], s == 0, s == plan.pp - 1, 0 if full else sum(kinds[s])) for s in stages
             )
             model_id = worker.cache.spec_ids(model, setup.cluster).model
-            terms = memory_terms(setup, stage_plan, memory_kinds, worker.cache, model_id)
+            # memory_terms reads the setup's model, job and attention kernel
+            terms = memory_terms(worker.builders[candidate.context].setup(plan, job), stage_plan, memory_kinds,
+                                 worker.cache, model_id)
             inflight = tuple(inflight_microbatches(plan, m, s) for s in stages)
             parts = worker.floor_parts[parts_key] = (memory_kinds, terms, inflight)
         memory_kinds, terms, inflight = parts
@@ -167,25 +172,29 @@ def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candid
     the programs of the plans left executed, together (``prepare_program_profiles``), and those
     plans priced together (``estimate_trainings``)."""
     worker = _worker(token, contexts)
-    setups: list[TrainingSetup | Screened] = []
+    # (plan, job) of each valid candidate: its setup is built only once its memory floor fits
+    valid: list[tuple[ParallelPlan, TrainingJob] | Screened] = []
     for candidate in batch:
         try:
-            setups.append(worker.builders[candidate.context](candidate, check_program=False))
+            valid.append(worker.builders[candidate.context].validated(candidate, check_program=False))
         except InvalidPlanError as exc:
-            setups.append(Screened(rule_of(str(exc), worker.rules), None, None))
-    build_programs(_setup_program_key(s) for s in setups if isinstance(s, TrainingSetup))
+            valid.append(Screened(rule_of(str(exc), worker.rules), None, None))
+    build_programs(_plan_program_key(*v) for v in valid if not isinstance(v, Screened))
     out: list[Screened | TrainingSetup] = []
-    for candidate, setup in zip(batch, setups):
-        if isinstance(setup, Screened):
-            out.append(setup)
+    for candidate, v in zip(batch, valid):
+        if isinstance(v, Screened):
+            out.append(v)
             continue
+        plan, job = v
         try:
-            check_program(*_setup_program_key(setup))  # the last rule
+            check_program(*_plan_program_key(plan, job))  # the last rule
         except InvalidPlanError as exc:
             out.append(Screened(rule_of(str(exc), worker.rules), None, None))
             continue
-        floor = memory_floor_bytes(setup, candidate, worker)
-        out.append(Screened(MEMORY_RULE, floor, None) if floor > setup.cluster.gpu.hbm_capacity_bytes else setup)
+        floor = memory_floor_bytes(plan, job, candidate, worker)
+        builder = worker.builders[candidate.context]
+        out.append(Screened(MEMORY_RULE, floor, None) if floor > builder.base.cluster.gpu.hbm_capacity_bytes
+                   else builder.setup(plan, job))
     left = [s for s in out if isinstance(s, TrainingSetup)]
     prepare_program_profiles(_setup_program_key(s) for s in left)
     # the plans left, priced together (their per-stage longest paths in one pass per program)
@@ -201,6 +210,11 @@ def _setup_program_key(setup: TrainingSetup) -> tuple[str, int, int, int]:
     """(schedule, pp, micro-batches, virtual stages) of a setup's pipeline program."""
     plan = setup.plan
     return (plan.schedule, plan.pp, setup.num_microbatches, plan.virtual_stages)
+
+
+def _plan_program_key(plan: ParallelPlan, job: TrainingJob) -> tuple[str, int, int, int]:
+    """``_setup_program_key`` of a validated plan and job."""
+    return (plan.schedule, plan.pp, job.num_microbatches(plan.dp), plan.virtual_stages)
 
 
 def price_candidate(token: str, contexts: Sequence[Context], candidate: Candidate) -> dict[str, Any]:

@@ -367,14 +367,22 @@ class SetupBuilder:
             raise plan[0](*plan[1])
         return plan  # type: ignore[return-value]
 
-    def __call__(self, candidate: Candidate, *, check_program: bool = True) -> TrainingSetup:
-        """The candidate's setup, validated (``check_program=False``: all but its pipeline program,
-        the last rule, which the caller checks; ``sim.training.config.validate_plan``)."""
+    def validated(self, candidate: Candidate, *, check_program: bool = True) -> tuple[ParallelPlan, TrainingJob]:
+        """The candidate's plan and job, validated (``check_program=False``: all but its pipeline
+        program, the last rule, which the caller checks; ``sim.training.config.validate_plan``)."""
         base = self.base
         plan = self.plan(candidate)
         job = self.job(candidate.global_batch, candidate.micro_batch)
         validate_plan(base.model, base.cluster, job, plan, check_program=check_program)
-        return type(base)(**dict(self._setup, job=job, plan=plan))
+        return plan, job
+
+    def setup(self, plan: ParallelPlan, job: TrainingJob) -> TrainingSetup:
+        """The context's setup with this plan and job (as ``validated`` returned them)."""
+        return type(self.base)(**dict(self._setup, job=job, plan=plan))
+
+    def __call__(self, candidate: Candidate, *, check_program: bool = True) -> TrainingSetup:
+        """The candidate's setup, validated (``validated``)."""
+        return self.setup(*self.validated(candidate, check_program=check_program))
 
 
 def build_setup(base: TrainingSetup, candidate: Candidate) -> TrainingSetup:

@@ -436,7 +436,8 @@ def validate_plan(
             raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of model {model.name}")
     place = plan_placement(plan)
     stage_layer_counts(model.layers, plan, place)
-    chunk_recompute_counts(model.layers, plan, place)
+    if plan.recompute_layers:  # without any, chunk_recompute_counts only repeats stage_layer_counts
+        chunk_recompute_counts(model.layers, plan, place)
     if plan.ep > 1:
         if not model.is_moe:
             raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
