@@ -15,7 +15,8 @@ GPUs, so the difference between the two summaries is what the H100's pricing add
 
 On main after the rows took the checkpoint's bf16 (trtllm-bench builds at the Hugging Face torch_dtype;
 the profiles' measured bf16 GEMM tables apply, where fp16 fell back to the roofline): A100 MAPE 10.9 %,
-signed +10.1 %, worst +22.4 % (70B TP4 5000/500); H100 (the suite) 11.9 %, +10.5 %, +22.0 %: as
+signed +10.1 %, worst +22.4 % (70B TP4 5000/500); H100 (the suite) 11.9 %, +10.5 %, +22.0 % (12.6 %,
++11.4 %, +23.0 % once the H100 HBM efficiency became the measured 0.887): as
 optimistic on both GPUs, row by row. With fp16 rows at the roofline it read A100 7.0 %, +4.4 %, worst
 +15.3 %; H100 12.6 %, +11.6 %, +22.8 %.
 """

@@ -267,9 +267,9 @@ def roofline_exclusion(row: Row) -> str:
 
 
 # TensorRT-LLM 0.14 in-flight rows (published-serving.md): the issue's target is throughput MAPE <= 10 %
-# with no row worse than 25 %; the model reaches 11.9 % / 22.0 %, every row but two over-predicted
+# with no row worse than 25 %; the model reaches 12.6 % / 23.0 %, every row but two over-predicted
 # (see the notes), so these bounds only stop regressions.
-INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.120, max_row_error=0.221),)
+INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.127, max_row_error=0.230),)
 INFLIGHT_NOTES = (
     "engines as trtllm-bench built and ran them: max batch size and max tokens per step from `trtllm-bench "
     "build --dataset`'s heuristic (e.g. 70B TP8 1000/1000: 896 sequences, 2,048 tokens), context chunking on, "
@@ -286,15 +286,18 @@ INFLIGHT_NOTES = (
     "checkpoint's: trtllm-bench build takes the Hugging Face config's torch_dtype (0.14 bench/build ModelConfig.dtype, "
     "plugin_config.dtype = model_config.dtype), bfloat16 for Llama 3.1, so the rows run bf16 and the shipped "
     "profile's measured bf16 GEMM tables price them (fp16 has no measured table and fell back to the roofline): "
-    "12.6 -> 11.9 %, worst +22.8 -> +22.0 %",
+    "12.6 -> 11.9 %, worst +22.8 -> +22.0 %. Then the H100's HBM efficiency became a measured one (catalog "
+    "[efficiency] memory 0.83 interpolated -> 0.887, BabelStream max(mul, triad) 2.97 of 3.35 TB/s on Azure ND H100 v5; "
+    "shipped profile refitted against it): memory-bound ops run faster, 11.9 -> 12.6 %, worst +22.0 -> +23.0 % "
+    "(every row 0.4-1.9 points more optimistic)",
     "1,000 requests simulated per row to keep the suite fast; the benchmark queued 1,500-30,000 "
     "(perf-overview's num_requests table), which raises the predictions by up to 19 % (70B TP8 128/128, whose "
     "4,096-sequence engine 1,000 requests never fill: 1,217 -> 1,446 tok/s/GPU; 70B TP8 1000/1000 912 -> 954) "
     "and the suite to MAPE 15.3 %, worst +27.7 %, signed +15.3 %",
     "held out (benchmarks/trtllm_014_a100_heldout.py, not counted): the same table's A100-SXM4-80GB FP16 column, "
     "each row's config on a100-sxm-80gb, reads MAPE 10.9 %, signed +10.1 %, worst +22.4 % with the same engine "
-    "model, as optimistic as this suite (11.9 %, +10.5 %) row by row (70B TP4 2048/128 +22.0 here, +21.0 % there; "
-    "8B 2048/128 +9.5 / +8.7 %), so the optimism is common to both GPUs, in the engine model or in what the "
+    "model, as optimistic as this suite (12.6 %, +11.4 %) row by row (70B TP4 2048/128 +23.0 here, +21.0 % there; "
+    "8B 2048/128 +11.3 / +8.7 %), so the optimism is common to both GPUs, in the engine model or in what the "
     "GEMM tables time, not in the H100's pricing alone. It read 7.0 %, signed +4.4 %, while the rows ran fp16 "
     "GEMMs at the roofline: the A100's measured bf16 GEMM tables (SGLang 0.5.10 kernels) are faster than its "
     "roofline at the decode and chunked-prefill shapes",
@@ -306,7 +309,7 @@ INFLIGHT_NOTES = (
     "(70B TP4 at 2 and 4 requests/s) has inter-token latencies of 21 and 24 ms, predicted 20.7 and 22.5 ms (25.2 and 27.1 ms with 30 us per call; tests/validation/test_trtllm_014_online.py). "
     "On these offline rows it makes the TP rows faster still (12.0 -> 13.6 %, TP2 1000/1000 +6.5 -> +16.9 %): "
     "the 30 us had stood in for a cost that grows with the batch, not with the number of collectives",
-    "every row but two is over-predicted (signed +10.5 %), compute-heavy and large-batch rows most, on the A100 "
+    "every row but two is over-predicted (signed +11.4 %), compute-heavy and large-batch rows most, on the A100 "
     "as on the H100: not modelled are a sustained clock under the power limit for the measured GEMM tables (timed "
     "between idle gaps; the compute-bound TP1 rows 2048/128 and 5000/500 need GEMMs ~10-12 % slower) and the 0.14 executor's "
     "per-iteration host work per sequence (no CUDA graphs in trtllm-bench throughput, no overlap of "

