@@ -1001,7 +1001,8 @@ def _execute_packed(
     n = len(kind)
     split = any(p.split_backward for p in programs)
     steps = _packed_steps(split)
-    paths = np.zeros((n + 1, steps.shape[1]), dtype=np.int64)
+    paths = _scratch((n + 1) * steps.shape[1]).reshape(n + 1, steps.shape[1])  # (an op's row is written before it is read)
+    paths[n] = 0  # the path of no op
     ends = np.full(n + 1, np.iinfo(np.int64).max, dtype=np.int64)
     ends[n] = -1
     current = first.copy()  # per lane, its next op
@@ -1045,6 +1046,20 @@ def _execute_levels(table: _Lanes) -> np.ndarray:
         current[active] += 1
         t += 1
     return ends[:n] - 1
+
+
+_SCRATCH: list[np.ndarray] = [np.empty(0, dtype=np.int64)]
+
+
+def _scratch(size: int) -> np.ndarray:
+    """``size`` int64 of one buffer kept by this process for ``_execute_packed``'s paths (up to
+    ~160 MB for the longest programs a search runs): allocated once at the largest size asked, so
+    that a run does not fault in fresh pages for every table (arrays of 32 MiB and more are mapped
+    afresh by every allocation); its values are whatever the last run left."""
+    if _SCRATCH[0].size < size:
+        _SCRATCH[0] = np.empty(0, dtype=np.int64)  # (the old one freed first)
+        _SCRATCH[0] = np.empty(size, dtype=np.int64)
+    return _SCRATCH[0][:size]
 
 
 def _unpacked(paths: np.ndarray) -> np.ndarray:
