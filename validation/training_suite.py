@@ -29,9 +29,9 @@ PUBLISHED_DIR = Path(__file__).parent / "published"
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
-    # worst row: the Megatron-Core 32B row, over-predicted (+22.7 %, its exposed fp32 reduce-scatter and
+    # worst row: the Megatron-Core 32B row, over-predicted (+22.8 %, its exposed fp32 reduce-scatter and
     # its DDP's passes over the 16 GB gradient buffer)
-    Threshold(metric="iteration_time_s", max_mape=0.062, max_row_error=0.23),
+    Threshold(metric="iteration_time_s", max_mape=0.061, max_row_error=0.23),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -222,10 +222,10 @@ def memory_comparisons() -> list[Comparison]:
 # stream's NCCL-channel SMs and llm-foundry's FSDP1 gradient path; the worst row, NeMo GPT-3 5B, went from -17.5 to
 # -19.8 % when its row took the 24.07 recipe's no-recompute, and to -20.9 % when the H100's HBM efficiency became
 # the measured 0.887 instead of an interpolated 0.83: 9.3 / 19.8 -> 9.7 / 20.9 %, limits loosened as far as
-# needed). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.095, max_row_error=0.209),)
+# needed; 9.3 / 20.0 % with the QKV split, qkv_split). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.095, max_row_error=0.201),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 9 % too fast on average. Modelled: fp8 GEMMs with fast accumulation "
+    "rows of the 2023-25 stacks are predicted 9 % too fast on average. Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
     "pytorch/ao#2377), priced on H100/H200 from the measured TensorRT-LLM fp8 GEMM tables less their activation "
     "quantization; llm-foundry's FA1-class Triton attention (FA1's measured fraction of FA2 at the head dim: 0.464 at 128) and per-op Composer AdamW; bf16 gradient buffers; data-parallel collectives holding one SM per NCCL channel of their group (32 inside an H100 node: FSDP on 8 H100); torch FSDP1's FlatParameter gradient copy and predivide, and the 16-bit reduction of Composer's DEFAULT mixed precision before v0.16.4; "
@@ -248,7 +248,8 @@ MISSING_MECHANISMS = (
 TRAINING_NOTES = (
     "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 2 % too fast on average (all run "
     "Megatron's default hidden and attention dropout 0.1, modelled; the Megatron-Core rows pay its DDP's zeroing, "
-    "NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, grad_buffer_passes); the "
+    "NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, grad_buffer_passes, and the "
+    "concatenation of the QKV split's gradients with Transformer Engine's copy of V after RoPE, qkv_split); the "
     "H100 1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 14-16 % fast and nothing sourced explains the rest "
     "(host dispatch does not bind at their shapes; their memory-bound kernels are priced at 2.2-2.6 TB/s, near the "
     "H100's modelled stream rate; cuDNN attention, which Transformer Engine runs on Hopper, is faster than the "

@@ -43,6 +43,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none")),
         "fp8_scale_update": ("training", ("per_module", "fused")),
         "cross_entropy": ("training", ("unfused", "native", "te")),
+        "qkv_split": ("training", ("none", "concat", "concat_copy_v")),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
         "pipeline_p2p": ("parallel", ("overlapped", "blocking")),

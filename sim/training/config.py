@@ -23,7 +23,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
-    "fp8_backward_accumulation", "cross_entropy", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
+    "fp8_backward_accumulation", "cross_entropy", "qkv_split", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -125,6 +125,10 @@ class TrainingSetup:
     # its shard's gradients) | "megatron_ddp" (Megatron-Core's DDP zeroes, pre-scales and NaN-checks
     # the rank's whole gradient buffer); see sim.training.data_parallel.grad_buffer_bytes
     grad_buffer_passes: str = "shard"
+    # the fused QKV projection's split into Q, K, V (fused attention): "none" | "concat" (views; backward
+    # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
+    # see sim.training.costs.qkv_split_ops
+    qkv_split: str = "none"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
     # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
     # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
@@ -386,6 +390,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         main_grad_accumulation=settings["main_grad_accumulation"],
         optimizer_kernels=settings["optimizer_kernels"],
         grad_buffer_passes=settings["grad_buffer_passes"],
+        qkv_split=settings["qkv_split"],
         pipeline_p2p=settings["pipeline_p2p"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],

@@ -192,6 +192,8 @@ def layer_passes(
         forward = with_dropout(setup, forward)
     if setup.attention_kernel == "unfused":
         forward = megatron_attention_layout_ops(forward)
+    else:
+        forward = qkv_split_ops(setup, forward)
     if setup.linear_bias == "unfused":
         forward = unfused_bias_add_ops(setup, forward)
     if plan.recompute == "full" or full_recompute:
@@ -201,7 +203,11 @@ def layer_passes(
                      and op.kind != "collective"]
     else:
         recompute = []
-    b_ops, w_ops = backward_ops(forward, recompute=recompute)
+    # a split into views runs no forward kernel (nor a recomputed one); its backward concatenation
+    # is in b_ops
+    views = [op for op in forward if op.name == QKV_SPLIT_OP and op.bytes_moved == 0.0]
+    b_ops, w_ops = backward_ops(forward, recompute=[op for op in recompute if op not in views])
+    forward = [op for op in forward if op not in views]
     if setup.linear_bias == "unfused":
         w_ops = w_ops + unfused_bias_gradient_ops(setup, forward)
     if job.precision == "fp8":
@@ -253,6 +259,48 @@ def with_dropout(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
             op = replace(op, kernel_rate=op.kernel_rate * ATTENTION_DROPOUT_RATE)
         out.append(op)
     return out
+
+
+# The split of the fused QKV projection's output into Q, K and V (``qkv_split``), for fused
+# attention (the materialised-scores path prices its own split, ``megatron_attention_layout_ops``).
+# "concat": Q, K and V are views of the QKV output (Megatron-Core SelfAttention
+# get_query_key_value_tensors: SplitAlongDim, TE's _SplitAlongDim, or torch.split; Composer MPT
+# qkv.chunk(3)), so no forward kernel, but backward assembles the QKV output gradient from the
+# attention kernel's and RoPE's separate dQ, dK, dV with torch.cat (TE _SplitAlongDim.backward
+# concatenates unless the gradients already are consecutive views of one buffer; autograd's split
+# backward is a cat): read the three gradients and write the QKV output gradient, 2 x its m n
+# elements. "concat_copy_v": as "concat", and Transformer Engine's attention copies V into a tensor
+# of its own in forward when RoPE has replaced Q and K by new contiguous tensors: V keeps the fused
+# output's strides, get_qkv_layout finds no layout for the three strides and makes them contiguous
+# (transformer_engine/pytorch/attention get_qkv_layout: "force q,k,v to be contiguous"), reading and
+# writing V. "none": no split (separate Q, K, V projections, or a kernel that reads the packed QKV
+# and writes its gradient packed).
+QKV_SPLIT_OP = "qkv_split"
+
+
+def qkv_split_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
+    """``forward`` with the QKV split of ``setup.qkv_split`` (see the comment above) after the QKV
+    projection; its backward is the gradients' concatenation."""
+    if setup.qkv_split == "none":
+        return forward
+    index = next((i for i, op in enumerate(forward) if op.kind == "gemm" and op.name == "qkv_proj"), None)
+    if index is None:  # no fused QKV projection (MLA's separate projections)
+        return forward
+    qkv = forward[index]
+    elements = qkv.m * qkv.n * qkv.batch
+    a = qkv.bytes_per_element
+    rope = index + 1 < len(forward) and forward[index + 1].name == "rope"
+    copy = 0.0
+    if setup.qkv_split == "concat_copy_v" and rope:
+        # V's share of the QKV output (kv_heads of heads + 2 kv_heads head-dim columns per rank); a
+        # Ulysses all-to-all regroups it (s x heads / cp instead of s / cp x heads), the same count
+        model = setup.model
+        kv_heads = -(-model.kv_heads // setup.plan.tp)
+        copy = 2.0 * qkv.m * kv_heads * model.head_dim * qkv.batch * a
+    # placed after the projection, so that its backward follows RoPE's (the V copy, inside the
+    # attention call in forward, is priced here: the pass is serial either way)
+    split = Op(name=QKV_SPLIT_OP, kind="memory", bytes_moved=copy, backward_bytes_moved=2.0 * elements * a)
+    return forward[:index + 1] + [split] + forward[index + 1:]
 
 
 def megatron_attention_layout_ops(forward: list[Op]) -> list[Op]:

@@ -658,6 +658,48 @@ def test_megatron_ddp_grad_buffer_passes_cost_four_passes_over_the_whole_buffer(
         parse_training({**base, "training": {**base["training"], "grad_buffer_passes": "always"}})
 
 
+def test_qkv_split_concatenates_the_gradients_and_copies_v_after_rope() -> None:
+    """``qkv_split``: "concat" adds no forward kernel and a backward op of 2 x the QKV output (read
+    dQ, dK, dV, write the QKV gradient) after RoPE's backward, before the QKV dgrad; "concat_copy_v"
+    also copies V (read and write the rank's kv_heads x head_dim columns) when the model has RoPE;
+    "none" adds nothing. The materialised-scores path prices its own split (unchanged)."""
+    base = {
+        "model": {"name": "llama2-7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1, "precision": "bf16"},
+        "parallel": {"tp": 2, "pp": 1, "sequence_parallel": True},
+    }
+
+    def passes(value: str):  # type: ignore[no-untyped-def]
+        setup = parse_training({**base, "training": {**base["training"], "qkv_split": value}})
+        assert setup.qkv_split == value
+        return setup, layer_passes(setup, moe=False)
+
+    setup, (f_none, b_none, _) = passes("none")
+    assert parse_training(base).qkv_split == "concat_copy_v"  # megatron-core, the default stack
+    qkv = next(op for op in f_none if op.name == "qkv_proj")
+    _, (f_cat, b_cat, _) = passes("concat")
+    assert [op.name for op in f_cat] == [op.name for op in f_none]  # views: no forward kernel
+    names = [op.name for op in b_cat]
+    split = b_cat[names.index("qkv_split_backward")]
+    assert split.bytes_moved == 2.0 * qkv.m * qkv.n * 2.0 and qkv.n == (16 + 2 * 16) * 128
+    assert names.index("rope_backward") < names.index("qkv_split_backward") < names.index("qkv_proj_dgrad")
+    _, (f_copy, b_copy, _) = passes("concat_copy_v")
+    copy = next(op for op in f_copy if op.name == "qkv_split")
+    assert [op.name for op in f_copy].index("qkv_split") == [op.name for op in f_copy].index("qkv_proj") + 1
+    assert copy.bytes_moved == 2.0 * qkv.m * 16 * 128 * 2.0  # V of the rank's 16 KV heads, read + written
+    assert next(op for op in b_copy if op.name == "qkv_split_backward").bytes_moved == split.bytes_moved
+    # learned positions: Q, K, V stay views of one buffer, TE finds its layout: no copy
+    learned = {**base, "model": {"name": "gpt3-1.7b"}, "training": {**base["training"], "seq_len": 2048}}
+    gpt = parse_training(learned)
+    assert not any(op.name == "qkv_split" for op in layer_passes(gpt, moe=False)[0])
+    assert any(op.name == "qkv_split_backward" for op in layer_passes(gpt, moe=False)[1])
+    old = parse_training({**learned, "training": {**learned["training"], "framework": "megatron-2021", "precision": "fp16"}})
+    assert not any(op.name.startswith("qkv_split") for ops in layer_passes(old, moe=False) for op in ops)
+    with pytest.raises(ConfigError, match="qkv_split = 'always'; allowed: none, concat, concat_copy_v"):
+        parse_training({**base, "training": {**base["training"], "qkv_split": "always"}})
+
+
 def test_te1_delayed_scaling_waits_for_a_blocking_amax_all_reduce_per_chunk_pass() -> None:
     # TE 1.x reduce_and_update_fp8_tensors: one all-reduce (MAX, async_op=False) of the chunk's amaxes
     # (3 per fp8 GEMM forward, 2 backward, fp32) over the stage's ranks at each fp8_autocast exit and in

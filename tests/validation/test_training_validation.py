@@ -36,11 +36,11 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 32B row (over-predicted, +22.7 % with Megatron-Core DDP's passes over its
-    # 16 GB fp32 gradient buffer, +20.2 % without) sits at the limit; the 1.7B row is -16.1 %
+    # the Megatron-Core H100 32B row (over-predicted, +22.8 % with Megatron-Core DDP's passes over its
+    # 16 GB fp32 gradient buffer and the QKV split, +20.2 % without) sits at the limit; the 1.7B row is -16.3 %
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
-    assert threshold.max_mape <= 0.062 and threshold.max_row_error <= 0.23
+    assert threshold.max_mape <= 0.061 and threshold.max_row_error <= 0.23
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
