@@ -373,6 +373,9 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     if job.seq_len > model.max_seq_len and model.position != "learned":
         warn(f"training.seq_len {job.seq_len} is past the {model.max_seq_len}-token context model {model.name} was "
              f"trained with ({model.position} positions extrapolate, but quality is not modelled); the speed is simulated as given")
+    overlap_slowdown = _float(
+        parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
+    )
     return TrainingSetup(
         model=model,
         cluster=cluster,
@@ -381,11 +384,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         attention_kernel=attention_kernel,
         dp_comm_overlap=settings["dp_comm_overlap"],
         expert_load_imbalance=_float(parallel, "expert_load_imbalance", "parallel", 1.0, 1.0, 1000.0),
-        overlap_slowdown=_float(
-            parallel, "overlap_slowdown", "parallel", default_overlap_slowdown(cluster.gpu.sm_count), 1.0, 100.0
-        ),
-        data_parallel_overlap_slowdown=_float(parallel, "overlap_slowdown", "parallel", 1.0, 1.0, 100.0)
-        if "overlap_slowdown" in parallel else None,
+        overlap_slowdown=overlap_slowdown,
+        data_parallel_overlap_slowdown=overlap_slowdown if "overlap_slowdown" in parallel else None,
         framework=stack.name,
         main_grad_accumulation=settings["main_grad_accumulation"],
         optimizer_kernels=settings["optimizer_kernels"],

@@ -421,11 +421,17 @@ FP8_SCALE_UPDATE_KERNELS = 5
 FP8_SCALE_UPDATE_BYTES = 2.0 * 1024 * 3 * 4.0
 
 
+def fp8_weight_gemms(forward: list[Op]) -> list[Op]:
+    """The GEMMs of a forward pass that Transformer Engine runs in fp8 with a weight (no precision of
+    their own: the run's fp8); what its scale updates, weight casts and amax reductions count."""
+    return [op for op in forward if op.kind == "gemm" and op.weight and not op.precision]
+
+
 def fp8_scale_update_ops(setup: TrainingSetup, forward: list[Op], pass_name: str) -> list[Op]:
     """The per-module amax-history and scale update kernels of one pass (see the constants above)."""
     if setup.fp8_scale_update != "per_module" or setup.fp8_recipe == "current":
         return []
-    modules = [op.name for op in forward if op.kind == "gemm" and op.weight and not op.precision]
+    modules = [op.name for op in fp8_weight_gemms(forward)]
     if setup.fp8_cast_fusion == "norm_activation" and {"mlp_up", "mlp_down"} <= set(modules):
         modules.remove("mlp_down")  # LayerNormMLP: one module, one fp8_meta
     return [Op(name=f"{name}_fp8_scale_update_{pass_name}{index}", kind="memory", bytes_moved=FP8_SCALE_UPDATE_BYTES)
@@ -565,9 +571,7 @@ def fp8_weight_cast_s(setup: TrainingSetup, signature: tuple[tuple, ...], links:
                 continue
             moe = setup.model.is_moe and index >= dense
             if moe not in per_layer:
-                forward = layer_passes(setup, moe)[0]
-                per_layer[moe] = float(sum(op.k * op.n * op.batch for op in forward
-                                           if op.kind == "gemm" and op.weight and not op.precision))
+                per_layer[moe] = float(sum(op.k * op.n * op.batch for op in fp8_weight_gemms(layer_passes(setup, moe)[0])))
             elements += per_layer[moe]
     if elements <= 0.0:
         return 0.0
@@ -913,7 +917,7 @@ def chunk_link_axes(setup: TrainingSetup) -> tuple[str, ...]:
 def fp8_gemms_per_layer(setup: TrainingSetup, moe: bool) -> int:
     """fp8 GEMMs with a weight in one transformer layer (``layer_passes``' forward; grouped expert
     GEMMs count once per local expert)."""
-    return sum(op.batch for op in layer_passes(setup, moe)[0] if op.kind == "gemm" and op.weight and not op.precision)
+    return sum(op.batch for op in fp8_weight_gemms(layer_passes(setup, moe)[0]))
 
 
 # what a chunk's layer is priced as: (MoE, fully recomputed, kept in bf16) for a transformer layer,
