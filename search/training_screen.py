@@ -206,15 +206,14 @@ def screen_batch(token: str, contexts: Sequence[Context], batch: Sequence[Candid
     return out  # type: ignore[return-value]
 
 
-def _setup_program_key(setup: TrainingSetup) -> tuple[str, int, int, int]:
-    """(schedule, pp, micro-batches, virtual stages) of a setup's pipeline program."""
-    plan = setup.plan
-    return (plan.schedule, plan.pp, setup.num_microbatches, plan.virtual_stages)
-
-
 def _plan_program_key(plan: ParallelPlan, job: TrainingJob) -> tuple[str, int, int, int]:
-    """``_setup_program_key`` of a validated plan and job."""
+    """(schedule, pp, micro-batches, virtual stages) of a validated plan and job's pipeline program."""
     return (plan.schedule, plan.pp, job.num_microbatches(plan.dp), plan.virtual_stages)
+
+
+def _setup_program_key(setup: TrainingSetup) -> tuple[str, int, int, int]:
+    """``_plan_program_key`` of a setup."""
+    return _plan_program_key(setup.plan, setup.job)
 
 
 def price_candidate(token: str, contexts: Sequence[Context], candidate: Candidate) -> dict[str, Any]:

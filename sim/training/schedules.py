@@ -383,7 +383,7 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     lane_sentinel = np.full((lanes, w_columns), sentinel, dtype=np.int64)
     first = np.concatenate([own_f, f_wait[local], lane_sentinel], axis=1)
     second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel), lane_sentinel], axis=1)
-    at = np.concatenate([slots + own_f, own_f, lane_sentinel * 0 + dump], axis=1)
+    at = np.concatenate([slots + own_f, own_f, np.full((lanes, w_columns), dump, dtype=np.int64)], axis=1)
     # the lane's count that must be at most ``room`` to start the column's op: held activations
     # for B and F (B: always), minus the pending W for the W column (at least one pending)
     room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local], np.full((lanes, w_columns), -1)], axis=1)
