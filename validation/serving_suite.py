@@ -267,9 +267,10 @@ def roofline_exclusion(row: Row) -> str:
 
 
 # TensorRT-LLM 0.14 in-flight rows (published-serving.md): the issue's target is throughput MAPE <= 10 %
-# with no row worse than 25 %; the model reaches 12.6 % / 23.0 %, every row but two over-predicted
-# (see the notes), so these bounds only stop regressions.
-INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.127, max_row_error=0.230),)
+# with no row worse than 25 %; the model reaches 9.3 % / 16.1 % (12.6 % / 23.0 % before the H100's
+# sustained clock, 1,660 of 1,830 MHz, priced the measured GEMM tables' boost-clock bursts at it),
+# most rows still over-predicted (see the notes), so these bounds only stop regressions.
+INFLIGHT_THRESHOLDS = (Threshold(metric="output_tokens_per_s_per_gpu", max_mape=0.094, max_row_error=0.162),)
 INFLIGHT_NOTES = (
     "engines as trtllm-bench built and ran them: max batch size and max tokens per step from `trtllm-bench "
     "build --dataset`'s heuristic (e.g. 70B TP8 1000/1000: 896 sequences, 2,048 tokens), context chunking on, "

@@ -29,9 +29,12 @@ PUBLISHED_DIR = Path(__file__).parent / "published"
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
-    # worst row: the Megatron-Core 32B row, over-predicted (+22.8 %, its exposed fp32 reduce-scatter and
-    # its DDP's passes over the 16 GB gradient buffer)
-    Threshold(metric="iteration_time_s", max_mape=0.061, max_row_error=0.23),
+    # worst row: the Megatron-Core 32B row, over-predicted (+27.7 %, its exposed fp32 reduce-scatter and
+    # its DDP's passes over the 16 GB gradient buffer). Loosened 6.1 % / 23 % -> 6.6 % / 28 % by the H100's
+    # sustained clock (1,660 of 1,830 MHz, hardware/cost.py sustained_clock_factor): the Megatron-Core H100
+    # rows 16B-462B went from -5.5..+2.3 % to +1.7..+10.8 % (32B +22.8 -> +27.7 %) while 1.7B / 7.1B
+    # improved (-16.3 / -13.6 -> -12.0 / -8.0 %) and the 24 training-modern rows went 9.0 -> 6.4 %
+    Threshold(metric="iteration_time_s", max_mape=0.066, max_row_error=0.28),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -222,8 +225,9 @@ def memory_comparisons() -> list[Comparison]:
 # stream's NCCL-channel SMs and llm-foundry's FSDP1 gradient path; the worst row, NeMo GPT-3 5B, went from -17.5 to
 # -19.8 % when its row took the 24.07 recipe's no-recompute, and to -20.9 % when the H100's HBM efficiency became
 # the measured 0.887 instead of an interpolated 0.83: 9.3 / 19.8 -> 9.7 / 20.9 %, limits loosened as far as
-# needed; 9.3 / 20.0 % with the QKV split, qkv_split). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.092, max_row_error=0.201),)
+# needed; 9.3 / 20.0 % with the QKV split, qkv_split; 6.4 / 14.8 %, signed -8.2 -> -3.5 %, with the H100's
+# sustained clock, 1,660 of 1,830 MHz, hardware/cost.py sustained_clock_factor). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.065, max_row_error=0.149),)
 MISSING_MECHANISMS = (
     "rows of the 2023-25 stacks are predicted 8 % too fast on average. Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "

@@ -40,7 +40,7 @@ def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
     # 16 GB fp32 gradient buffer and the QKV split, +20.2 % without) sits at the limit; the 1.7B row is -16.3 %
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
-    assert threshold.max_mape <= 0.061 and threshold.max_row_error <= 0.23
+    assert threshold.max_mape <= 0.066 and threshold.max_row_error <= 0.28
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
@@ -88,7 +88,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.092 and MODERN_THRESHOLDS[0].max_row_error <= 0.238
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.065 and MODERN_THRESHOLDS[0].max_row_error <= 0.149
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
