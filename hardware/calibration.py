@@ -15,7 +15,13 @@ curves for collectives and memory-bound kernels:
 - ``[custom_all_reduce.<framework>.<ranks>]``: the same for a serving framework's own all-reduce
   kernel (TensorRT-LLM's AllReduce plugin, vLLM's and SGLang's custom all-reduce), which serving
   stacks run for tensor-parallel all-reduces instead of NCCL (``for_tp_all_reduce``);
-- ``launch_overhead_us``: measured per-kernel launch cost.
+- ``launch_overhead_us``: measured per-kernel launch cost;
+- ``gemm_clock``: the SM clock the GEMM tables ran at, ``"sustained"`` (default) or ``"boost"``.
+  GEMM ratios are relative to the analytic model at that clock (``hardware.cost.sustained_clock_factor``
+  is 1 at ``"boost"``). Predictions always price the analytic model at the GPU's sustained clock and
+  divide by the ratio, so a table timed in short bursts at the boost clock (``"boost"``) is slowed by
+  sustained / boost clock on its compute-bound shapes, and one timed under sustained load
+  (``"sustained"``) is reproduced.
 
 Surfaces interpolate multilinearly inside their coverage box (the grid's bounds; the same values as
 scipy's ``RegularGridInterpolator``, computed per point without arrays); outside it, and for ops a profile does not cover, the analytic default
@@ -52,6 +58,8 @@ DECODE_AXES = ("log2_keys", "log2_sequences_x_kv_heads", "log2_head_dim", "log2_
 # Grid coordinates are stored rounded to 6 decimals (log2 units); a shape on the grid's edge must not
 # fall outside coverage by that rounding.
 _EDGE_TOLERANCE = 1e-6
+# SM clock a profile's GEMM tables ran at (module docstring, ``gemm_clock``).
+GEMM_CLOCKS = ("sustained", "boost")
 
 
 class CalibrationError(CatalogError):
@@ -157,6 +165,7 @@ class CalibrationProfile:
     collectives: Mapping[tuple[str, int], Curve] = field(default_factory=dict)
     custom_all_reduce: Mapping[tuple[str, int], Curve] = field(default_factory=dict)  # (framework, ranks)
     launch_overhead_s: float | None = None
+    gemm_clock: str = "sustained"  # SM clock the GEMM tables ran at (GEMM_CLOCKS): the analytic reference of the GEMM ratios
     path: str = ""
     _views: dict = field(default_factory=dict, repr=False)
 
@@ -302,7 +311,7 @@ def _curve(table: Mapping[str, Any], where: str, y_key: str) -> Curve:
 
 
 PROFILE_KEYS = (
-    "gpu", "source", "launch_overhead_us", "gemm", "attention_prefill", "attention_decode", "memory", "collective",
+    "gpu", "source", "launch_overhead_us", "gemm_clock", "gemm", "attention_prefill", "attention_decode", "memory", "collective",
     "custom_all_reduce",
 )
 
@@ -328,6 +337,9 @@ def parse_profile(data: Mapping[str, Any], where: str) -> CalibrationProfile:
     launch_us = data.get("launch_overhead_us")
     if launch_us is not None and (not isinstance(launch_us, (int, float)) or launch_us <= 0):
         raise CalibrationError(f"{where}: launch_overhead_us = {launch_us!r} must be a positive number")
+    gemm_clock = data.get("gemm_clock", "sustained")
+    if gemm_clock not in GEMM_CLOCKS:
+        raise CalibrationError(f"{where}: gemm_clock = {gemm_clock!r} must be one of {', '.join(GEMM_CLOCKS)}")
     return CalibrationProfile(
         gpu=data["gpu"], source=str(data.get("source", "")), gemm=gemm,
         attention_prefill=_surface(prefill, f"{where} [attention_prefill]", PREFILL_AXES) if prefill else None,
@@ -335,7 +347,7 @@ def parse_profile(data: Mapping[str, Any], where: str) -> CalibrationProfile:
         memory=_curve(memory, f"{where} [memory]", "efficiency") if memory else None,
         collectives=collectives, custom_all_reduce=custom,
         launch_overhead_s=None if launch_us is None else float(launch_us) * 1e-6,
-        path=where,
+        gemm_clock=gemm_clock, path=where,
     )
 
 
@@ -432,6 +444,8 @@ def profile_toml(profile: CalibrationProfile, header: str = "") -> str:
     lines += [f"gpu = {_quote(profile.gpu)}", f"source = {_quote(profile.source)}"]
     if profile.launch_overhead_s is not None:
         lines.append(f"launch_overhead_us = {profile.launch_overhead_s * 1e6:.6g}")
+    if profile.gemm_clock != "sustained":
+        lines.append(f"gemm_clock = {_quote(profile.gemm_clock)}")
 
     def surface(name: str, s: Surface) -> None:
         lines.extend(["", f"[{name}]", f"rows = {s.rows}", f"provenance = {_quote(s.provenance)}"])

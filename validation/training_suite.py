@@ -29,9 +29,12 @@ PUBLISHED_DIR = Path(__file__).parent / "published"
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
-    # worst row: the Megatron-Core 32B row, over-predicted (+22.8 %, its exposed fp32 reduce-scatter and
-    # its DDP's passes over the 16 GB gradient buffer)
-    Threshold(metric="iteration_time_s", max_mape=0.061, max_row_error=0.23),
+    # worst row: the Megatron-Core 32B row, over-predicted (+27.7 %, its exposed fp32 reduce-scatter and
+    # its DDP's passes over the 16 GB gradient buffer). Loosened 6.1 % / 23 % -> 6.6 % / 28 % by the H100's
+    # sustained clock (1,660 of 1,830 MHz, hardware/cost.py sustained_clock_factor): the Megatron-Core H100
+    # rows 16B-462B went from -5.5..+2.3 % to +1.7..+10.8 % (32B +22.8 -> +27.7 %) while 1.7B / 7.1B
+    # improved (-16.3 / -13.6 -> -12.0 / -8.0 %) and the 24 training-modern rows went 9.0 -> 6.4 %
+    Threshold(metric="iteration_time_s", max_mape=0.066, max_row_error=0.28),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -222,10 +225,11 @@ def memory_comparisons() -> list[Comparison]:
 # stream's NCCL-channel SMs and llm-foundry's FSDP1 gradient path; the worst row, NeMo GPT-3 5B, went from -17.5 to
 # -19.8 % when its row took the 24.07 recipe's no-recompute, and to -20.9 % when the H100's HBM efficiency became
 # the measured 0.887 instead of an interpolated 0.83: 9.3 / 19.8 -> 9.7 / 20.9 %, limits loosened as far as
-# needed; 9.3 / 20.0 % with the QKV split, qkv_split). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.092, max_row_error=0.201),)
+# needed; 9.3 / 20.0 % with the QKV split, qkv_split; 6.4 / 14.8 %, signed -8.2 -> -3.5 %, with the H100's
+# sustained clock, 1,660 of 1,830 MHz, hardware/cost.py sustained_clock_factor). Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.065, max_row_error=0.149),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 8 % too fast on average. Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
+    "rows of the 2023-25 stacks are predicted 3.5 % too fast on average. Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
     "pytorch/ao#2377), priced on H100/H200 from the measured TensorRT-LLM fp8 GEMM tables less their activation "
     "quantization; llm-foundry's FA1-class Triton attention (FA1's measured fraction of FA2 at the head dim: 0.464 at 128) and per-op Composer AdamW; bf16 gradient buffers; data-parallel collectives holding one SM per NCCL channel of their group (32 inside an H100 node: FSDP on 8 H100); torch FSDP1's FlatParameter gradient copy and predivide, and the 16-bit reduction of Composer's DEFAULT mixed precision before v0.16.4; "
@@ -239,8 +243,10 @@ MISSING_MECHANISMS = (
     "on the SMs the 16-SM communication kernel leaves) and the sequence-parallel re-gather of each TP GEMM's input "
     "for its weight gradient; hidden and attention dropout where the recipe sets it (NeMo GPT-3: 0.1; the "
     "bias-dropout-add masks and cuDNN attention at 0.594/0.614 of its rate, NVIDIA/TransformerEngine#3312); the flash-attn 2 library kernel at the FA2 rate for NeMo 24.07 (its launcher sets NVTE_FUSED_ATTN=0) and MLPerf v3.1 (flash-attn 2.0.8 ahead of cuDNN), not the profiles' TensorRT-LLM attention rows; fp8 weight casts (cast + transpose, 4 bytes per weight) once per step, in the first micro-batch (is_first_microbatch); TE 1.x's blocking amax all-reduce over the stage's ranks in each chunk's forward and backward (NeMo 24.07). The NeMo GPT-3 rows run the 24.07 launcher configs: no activation recompute, and no TP overlap for 175B (ub_tp_comm_overlap: False). "
-    "Not modelled: an H100 sustained clock under power capping (the A100's, 1,305 of 1,410 MHz, is modelled; no "
-    "H100 figure is sourced, and the H100 tables' long kernels run at the MAMF). Ruled out: host dispatch (the "
+    "The H100's sustained clock under its 700 W limit, 1,660 of 1,830 MHz (catalog sustained_clock_source: the "
+    "aiconfigurator tables' long-burst rows, Azure's sustained fp8 cuBLASLt table), prices every GEMM; the "
+    "shipped H100 profile is fitted at the boost clock its short-burst tables ran at (gemm_clock): 9.0 -> 6.4 %, "
+    "signed -8.2 -> -3.5 %. Ruled out: host dispatch (the "
     "fast small-model rows' kernels run 18-800 us, and a layer's ~40 launches take less host time than its GPU "
     "time). The MLPerf v3.0/v3.1 rows compare the logged train_step_timing (their logged throughput also counts "
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",

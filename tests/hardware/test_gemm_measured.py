@@ -32,8 +32,20 @@ def _rows(filename: str) -> list[tuple[int, int, int, float]]:
         return [(int(r["m"]), int(r["n"]), int(r["k"]), float(r["latency_ms"]) * 1e-3) for r in reader]
 
 
+def _at_table_clock(gpu):
+    """The GPU at the clock its measured tables ran at: the Hopper tables time short bursts at the boost
+    clock (shipped profile gemm_clock = "boost", validation/calibration/ship.py), the A100's run at the
+    sustained clock."""
+    from hardware.calibration import shipped_profile
+
+    shipped = shipped_profile(gpu.name)
+    if shipped is not None and shipped.profile.gemm_clock == "boost":
+        return dataclasses.replace(gpu, sustained_clock_Hz=None)
+    return gpu
+
+
 def _errors(name: str) -> np.ndarray:
-    gpu = get_gpu(name)
+    gpu = _at_table_clock(get_gpu(name))
     errors = []
     for m, n, k, measured_s in _rows(SAMPLES[name]):
         predicted_s = cost.gemm_time_s(gpu, m, n, k, precision="bf16", bytes_per_element=2) - cost.launch_overhead_s(gpu)
@@ -95,13 +107,18 @@ def _training_errors(gpu) -> np.ndarray:
     return np.array(errors)
 
 
-@pytest.mark.parametrize("name", ["a100-sxm-80gb", "h100-sxm-80gb"])
-def test_gemm_unbiased_at_training_shapes(name: str) -> None:
+@pytest.mark.parametrize(("name", "table_clock"), [("a100-sxm-80gb", "sustained"), ("h100-sxm-80gb", "boost")])
+def test_gemm_unbiased_at_training_shapes(name: str, table_clock: str) -> None:
     """Training-size GEMMs (m = micro-batch x sequence 4,096..32,768, n and k 2,048..16,384; 100 rows per
-    GPU of the back-to-back tables): signed median within 3 %, absolute median within 5 %. Measured:
-    A100 +1.7 % / 1.8 %, H100 +0.3 % / 1.9 %. At the boost clock the A100 model is 5.9 % fast (signed
-    median -5.9 %): the sustained clock (1,305 of 1,410 MHz) is what closes it."""
+    GPU of the tables): the model at the clock the table ran at (the shipped profile's gemm_clock) has
+    signed median within 3 %, absolute median within 5 %. Measured: A100 +1.7 % / 1.8 %, H100 +0.3 % /
+    1.9 %. At the boost clock the A100 model is 5.9 % fast (signed median -5.9 %): the sustained clock
+    (1,305 of 1,410 MHz) is what closes it. The H100 rows ran in short bursts at the boost clock
+    (validation/calibration/ship.py), so the model matches them there and a sustained workload runs
+    1,660 / 1,830 of their rate."""
     gpu = get_gpu(name)
+    if table_clock == "boost":
+        gpu = dataclasses.replace(gpu, sustained_clock_Hz=None)
     errors = _training_errors(gpu)
     assert abs(np.median(errors)) <= 0.03, (name, float(np.median(errors)))
     assert np.median(np.abs(errors)) <= 0.05, (name, float(np.median(np.abs(errors))))
@@ -123,7 +140,7 @@ def test_shipped_fp8_gemms_are_the_measured_kernels_without_quantization() -> No
     for name in ("h100-sxm-80gb", "h200-sxm-141gb"):
         part = [r for r in rows if r["gpu"] == name]
         assert len(part) == 100
-        for gpu, bound in ((shipped_gpu(name), None), (get_gpu(name), -0.05)):
+        for gpu, bound in ((_at_table_clock(shipped_gpu(name)), None), (_at_table_clock(get_gpu(name)), -0.05)):
             errors, with_quant = [], []
             for r in part:
                 m, n, k = int(r["m"]), int(r["n"]), int(r["k"])

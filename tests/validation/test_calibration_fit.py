@@ -129,3 +129,40 @@ def test_cli_fit_and_validate(tmp_path, capsys) -> None:
     assert "--holdout 1.5" in capsys.readouterr().err
     assert main(["calibrate", "fit", data, "--gpu", "no-such-gpu", "--out", str(profile)]) == 2
     assert capsys.readouterr().err.startswith("error: --gpu")
+
+
+def test_boost_clock_tables_are_priced_at_the_sustained_clock() -> None:
+    """A GEMM table timed in short bursts at the boost clock (gemm_clock = "boost": the aiconfigurator
+    collector's Hopper tables) is fitted against the analytic model at the boost clock; predictions at
+    the H100's sustained clock (1,660 of 1,830 MHz) then run its compute-bound shapes 1,830 / 1,660
+    times as long as measured and its HBM-bound shapes as measured. Fitted at "sustained" (the A100
+    tables' semantics) the same table is reproduced."""
+    import tomllib
+
+    frame = read_csv(DATA / EXTRACTS["h100-sxm-80gb"])
+    gpu = with_profile(get_gpu("h100-sxm-80gb"), None)
+    assert gpu.sustained_clock_Hz == 1660e6 and gpu.boost_clock_Hz == 1830e6
+    at_boost = fit_profile(frame, gpu, source="test", gemm_clock="boost")
+    at_sustained = fit_profile(frame, gpu, source="test")
+    assert at_boost.gemm_clock == "boost" and at_sustained.gemm_clock == "sustained"
+    again = parse_profile(tomllib.loads(profile_toml(at_boost)), "round trip")
+    assert again.gemm_clock == "boost"
+    assert parse_profile(tomllib.loads(profile_toml(at_sustained)), "round trip").gemm_clock == "sustained"
+    launch = cost.launch_overhead_s(gpu)
+
+    def kernel_s(profile, m: int, n: int, k: int) -> float:
+        return cost.gemm_time_s(with_profile(gpu, profile), m, n, k, precision="bf16", bytes_per_element=2) - launch
+
+    # compute-bound (4096 x 4096 x 4096) and HBM-bound (m = 1) shapes inside the extract's coverage
+    compute = kernel_s(at_boost, 4096, 4096, 4096) / kernel_s(at_sustained, 4096, 4096, 4096)
+    assert compute == pytest.approx(1830 / 1660, rel=0.02)  # the grid node is the mean of its rows: 2 %
+    assert kernel_s(at_boost, 1, 4096, 4096) == pytest.approx(kernel_s(at_sustained, 1, 4096, 4096), rel=1e-9)
+
+
+def test_profile_rejects_an_unknown_gemm_clock() -> None:
+    from hardware.calibration import CalibrationError
+
+    with pytest.raises(CalibrationError, match=r"test: gemm_clock = 'turbo' must be one of sustained, boost"):
+        parse_profile({"gpu": "h100-sxm-80gb", "gemm_clock": "turbo"}, "test")
+    with pytest.raises(ValueError, match=r"gemm_clock = 'turbo' must be one of sustained, boost"):
+        fit_profile(read_csv(DATA / EXTRACTS["h100-sxm-80gb"]), get_gpu("h100-sxm-80gb"), gemm_clock="turbo")

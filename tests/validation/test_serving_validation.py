@@ -157,7 +157,7 @@ def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
 
     report = run_serving_inflight_suite()
     assert not report.failures(), report.failures()
-    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.127 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.230
+    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.094 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.162
     (cliff,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp2 1000/1000"]
     assert abs(cliff.error) <= 0.18  # +17.1 %: over-predicted as the other large-batch rows
     (four,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp4 1000/1000"]

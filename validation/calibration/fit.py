@@ -17,6 +17,7 @@ kind and precision the fit takes the stack with the most rows unless ``framework
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from typing import Mapping, Sequence
@@ -27,6 +28,7 @@ import pandas as pd
 from hardware.calibration import (
     DECODE_AXES,
     GEMM_AXES,
+    GEMM_CLOCKS,
     PREFILL_AXES,
     CalibrationProfile,
     Curve,
@@ -159,15 +161,25 @@ def _log_ratio(analytic_s: np.ndarray, measured_s: np.ndarray) -> tuple[np.ndarr
 
 def fit_profile(
     frame: pd.DataFrame, gpu: GpuSpec, *, framework: str | None = None, source: str = "",
-    gemm_precisions: Sequence[str] | None = None,
+    gemm_precisions: Sequence[str] | None = None, gemm_clock: str = "sustained",
 ) -> CalibrationProfile:
     """Fit every op kind present in ``frame`` (measurement rows of ``gpu``) into a profile
-    (GEMM surfaces only for ``gemm_precisions`` when given)."""
+    (GEMM surfaces only for ``gemm_precisions`` when given).
+
+    ``gemm_clock``: the SM clock the GEMM rows ran at (``hardware.calibration.GEMM_CLOCKS``). Their
+    ratios are taken against the analytic model at that clock: at ``"sustained"`` with the GPU's
+    sustained clock factor, at ``"boost"`` without it (rows timed in short bursts between idle gaps),
+    so that predictions, which price every GEMM at the sustained clock, slow a boost-clock table's
+    compute-bound shapes by sustained / boost and reproduce a sustained-clock table."""
+    if gemm_clock not in GEMM_CLOCKS:
+        raise ValueError(f"gemm_clock = {gemm_clock!r} must be one of {', '.join(GEMM_CLOCKS)}")
     # every serving framework's own all-reduce is kept (a serving stack picks its framework's), not only
     # the named framework's
     custom_frame = frame[frame["op"] == "custom_all_reduce"]
     frame = select_stacks(frame[frame["op"] != "custom_all_reduce"], framework)
     analytic = Predictor(with_profile(gpu, None))
+    gemm_gpu = gpu if gemm_clock == "sustained" else dataclasses.replace(gpu, sustained_clock_Hz=None)
+    gemm_analytic = Predictor(with_profile(gemm_gpu, None))
     gemm: dict[str, Surface] = {}
     prefill = decode = memory = None
     collectives: dict[tuple[str, int], Curve] = {}
@@ -177,7 +189,7 @@ def fit_profile(
     for precision, part in rows.groupby("precision"):
         if gemm_precisions is not None and precision not in gemm_precisions:
             continue
-        predicted, _ = analytic.predict(part)
+        predicted, _ = gemm_analytic.predict(part)
         ok, y = _log_ratio(predicted, part["latency_s"].to_numpy())
         if ok.sum() == 0:
             continue
@@ -234,6 +246,7 @@ def fit_profile(
     return CalibrationProfile(
         gpu=gpu.name, source=source, gemm=gemm, attention_prefill=prefill, attention_decode=decode,
         memory=memory, collectives=collectives, custom_all_reduce=custom_all_reduce, launch_overhead_s=launch_s,
+        gemm_clock=gemm_clock,
     )
 
 
