@@ -13,7 +13,10 @@ GPUs, so the difference between the two summaries is what the H100's pricing add
 
     PYTHONPATH=. python benchmarks/trtllm_014_a100_heldout.py
 
-On main after the rows took the checkpoint's bf16 (trtllm-bench builds at the Hugging Face torch_dtype;
+With the 'trtllm' stack's 270 us of serial host work per step (NVIDIA/TensorRT-LLM PR #10018): A100
+MAPE 10.6 %, signed +9.8 %, worst +22.3 %; H100 (the suite) 12.1 %, +10.8 %, +22.8 %.
+
+Before it, on main after the rows took the checkpoint's bf16 (trtllm-bench builds at the Hugging Face torch_dtype;
 the profiles' measured bf16 GEMM tables apply, where fp16 fell back to the roofline): A100 MAPE 10.9 %,
 signed +10.1 %, worst +22.4 % (70B TP4 5000/500); H100 (the suite) 11.9 %, +10.5 %, +22.0 % (12.6 %,
 +11.4 %, +23.0 % once the H100 HBM efficiency became the measured 0.887): as

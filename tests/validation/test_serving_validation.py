@@ -151,15 +151,15 @@ def test_trtllm_bench_engine_settings_follow_its_build_heuristic() -> None:
 
 def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
     # TensorRT-LLM 0.14 trtllm-bench rows through the user path: the issue's 10 % target is not met
-    # (12.6 %, worst 23.0 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is
+    # (12.1 %, worst 22.8 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is
     # reproduced; the shipped profile does not make the suite worse than the analytic defaults (issue 9)
     from validation.serving_suite import INFLIGHT_THRESHOLDS, run_serving_inflight_suite
 
     report = run_serving_inflight_suite()
     assert not report.failures(), report.failures()
-    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.094 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.162
+    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.090 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.155
     (cliff,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp2 1000/1000"]
-    assert abs(cliff.error) <= 0.18  # +17.1 %: over-predicted as the other large-batch rows
+    assert abs(cliff.error) <= 0.18  # +15.4 %: over-predicted as the other large-batch rows
     (four,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp4 1000/1000"]
     assert four.predicted > 2 * cliff.predicted  # the cliff: 2 GPUs hold only a few sequences' KV
     off = run_serving_inflight_suite(calibration="none")
@@ -169,7 +169,7 @@ def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
 
 def test_nanoflow_baselines() -> None:
     # NanoFlow's TensorRT-LLM v0.8 and vLLM v0.5.3 baselines (LLaMA-2-70B TP8, 8 x A100, offline) through
-    # the user path. TensorRT-LLM rows +3.0 to +4.1 % today (-1.4 to +1.0 % before the all-reduce plugin's
+    # the user path. TensorRT-LLM rows +2.7 to +3.9 % today (+3.0 to +4.1 % before the stack's 270 us per step, -1.4 to +1.0 % before the all-reduce plugin's
     # kernel launch; 70B TP4 small-batch latency held out in test_trtllm_014_online); vLLM rows, on the "vllm-0.5" V0 stack through
     # its in-process OpenAI server (NanoFlow ran benchmark_serving.py), -5.1 to +5.0 % (+18 to +25 % without
     # the server's per-token cost, 59-67 % on the V1 profile): bounds near today's errors
@@ -182,9 +182,9 @@ def test_nanoflow_baselines() -> None:
     trtllm = [e for r, e in rows.items() if " trtllm " in r]
     vllm = [e for r, e in rows.items() if " vllm-0.5 " in r]
     assert len(trtllm) == len(vllm) == 3
-    assert all(abs(e) <= 0.045 for e in trtllm)
+    assert all(abs(e) <= 0.040 for e in trtllm)
     assert all(abs(e) <= 0.06 for e in vllm)
-    assert report.mape("total_tokens_per_s_per_gpu") <= 0.044
+    assert report.mape("total_tokens_per_s_per_gpu") <= 0.043
 
 
 def test_validate_runs_one_suite_alone_from_the_cli(capsys) -> None:  # type: ignore[no-untyped-def]
