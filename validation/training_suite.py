@@ -262,8 +262,20 @@ TRAINING_NOTES = (
     "FlashAttention-2 rate priced: 0.614 ms forward + backward with dropout at the 1.7B's exact shape, 4,096 tokens, "
     "16 heads, head dim 128, NVIDIA/TransformerEngine#3312, against 0.841 ms priced); "
     "the 32B row (TP 8: its data-parallel group spans 48 nodes with one GPU "
-    "each) is 23 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.29 s after the last "
-    "micro-batch's backward",
+    "each) is 28 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.28 s after the last "
+    "micro-batch's backward. Its published rate cannot be reached at the micro-batch 1 the row assumes (the "
+    "table does not state it; NVIDIA/Megatron-LM#1571 asks for the scripts, unanswered): at core_r0.8 (f2e5db402c) "
+    "bf16 forces fp32 gradient reduction (arguments.py accumulate_allreduce_grads_in_fp32, training.py "
+    "grad_reduce_in_fp32), buckets reduce only in the last micro-batch (ParamAndGradBuffer.register_grad_ready, "
+    "is_last_microbatch) and the parameter all-gather runs one bucket ahead of the first forward "
+    "(distrib_optimizer _finish_param_sync_helper); the 8 data-parallel groups of a node run at once, one NIC each, "
+    "so 15.4 GB of reduce-scatter and 7.7 GB of all-gather per GPU take >= 0.46 s at the 50 GB/s line rate "
+    "whatever the algorithm (SHARP / CollNet does not cut a GPU's own bytes); they can hide only behind the last "
+    "backward and the first forward, a quarter of 4 micro-batches' compute C, so 0.89 s >= 0.46 s + 0.75 C "
+    "bounds C to 0.57 s, 717 TFLOP/s per GPU (the table's best row: 489 end to end); micro-batch 2 needs 478. "
+    "Not changed: the micro-batch is unsourced. The model prices that "
+    "all-gather as hidden (data_parallel.optimizer_time_for_parameters_s); paced one bucket ahead as r0.8 runs it, "
+    "about 0.17 s more here, 0.06 s for the 16B, 0.19 s for the 70B",
 )
 
 

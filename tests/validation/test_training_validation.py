@@ -36,8 +36,8 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 32B row (over-predicted, +22.8 % with Megatron-Core DDP's passes over its
-    # 16 GB fp32 gradient buffer and the QKV split, +20.2 % without) sits at the limit; the 1.7B row is -16.3 %
+    # the Megatron-Core H100 32B row (over-predicted, +27.7 %: at the micro-batch 1 it assumes, Megatron-Core
+    # r0.8's data-parallel bytes cannot hide at the NIC line rate; see TRAINING_NOTES) sits at the limit
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
     assert threshold.max_mape <= 0.066 and threshold.max_row_error <= 0.28
