@@ -44,6 +44,8 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_scale_update": ("training", ("per_module", "fused")),
         "cross_entropy": ("training", ("unfused", "native", "te")),
         "qkv_split": ("training", ("none", "concat", "concat_copy_v")),
+        "host_forward_op_us": ("training", float),
+        "host_backward_op_us": ("training", float),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
         "pipeline_p2p": ("parallel", ("overlapped", "blocking")),

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from hardware.collectives import GroupLinks, num_channels
+from hardware import units
 from hardware.topology import Cluster
 from sim.config import reject_unknown_keys, resolve_cluster, resolve_model, section, supported_precision
 from sim.errors import ConfigError
@@ -24,6 +25,7 @@ TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
+    "host_forward_op_us", "host_backward_op_us",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -160,6 +162,11 @@ class TrainingSetup:
     # transformer layers at each end of the model an fp8 run keeps in bf16 (Megatron-Core
     # first_last_layers_bf16 with num_layers_at_start/end_in_bf16)
     fp8_bf16_edge_layers: int = 0
+    # host dispatch per op (eager PyTorch: Python module code, the ATen dispatcher, the launch), seconds
+    # the host spends issuing one forward op / one backward op; the GPU cannot start an op before it
+    # is issued (0: the host always runs ahead, as with CUDA graphs); see sim.training.costs._host_dispatch
+    host_forward_op_s: float = 0.0
+    host_backward_op_s: float = 0.0
     checkpoint: CheckpointSpec | None = None  # [training.checkpoint]
     failures: FailureSpec | None = None  # [training.failures]
     # heterogeneous clusters ([cluster] groups, sim.training.hetero): the groups and the group of
@@ -399,6 +406,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         cross_entropy=settings["cross_entropy"],
         fp8_backward_accumulation=settings["fp8_backward_accumulation"],
         fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
+        host_forward_op_s=settings["host_forward_op_us"] * units.us,
+        host_backward_op_s=settings["host_backward_op_us"] * units.us,
         checkpoint=checkpoint,
         failures=failures,
         groups=stage_groups_for(group_clusters, overlap_slowdowns),

@@ -21,7 +21,7 @@ from sim.training.hetero import stage_rank, stage_setup
 from sim.training.activations import layer_activation_parts, stored_activation_bytes
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
-from sim.training.work import ChunkWork
+from sim.training.work import ChunkWork, chain_host_bound, host_bound_pass_s
 from workloads.plan import ParallelPlan
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.precision import bytes_per_element
@@ -438,6 +438,25 @@ def fp8_scale_update_ops(setup: TrainingSetup, forward: list[Op], pass_name: str
             for name in modules for index in range(FP8_SCALE_UPDATE_KERNELS)]
 
 
+def _before_module_gemms(updates: list[Op], ops: list[Op], suffix: str) -> list[Op]:
+    """``ops`` with each module's scale-update kernels (``fp8_scale_update_ops``, named after the
+    module's GEMM) placed where the module runs them, at its entry (prepare_forward /
+    prepare_backward): just before its GEMM (``suffix`` "_dgrad" in backward), or before its fp8
+    cast when it has one. The GPU seconds do not depend on the order; the host's dispatch does."""
+    if not updates:
+        return ops
+    by_module: dict[str, list[Op]] = {}
+    for op in updates:
+        by_module.setdefault(op.name.split("_fp8_scale_update_")[0], []).append(op)
+    out: list[Op] = []
+    for op in ops:
+        name = op.name.removesuffix("_fp8_cast").removesuffix(suffix) if op.kind in ("gemm", "memory") else ""
+        if (op.kind == "gemm" or op.name.endswith("_fp8_cast")) and name in by_module:
+            out.extend(by_module.pop(name))
+        out.append(op)
+    return [op for module in by_module.values() for op in module] + out  # any module not found: at the front
+
+
 def fp8_passes(
     setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op]
 ) -> tuple[list[Op], list[Op], list[Op]]:
@@ -512,8 +531,8 @@ def fp8_passes(
                          bytes_moved=FP8_TRANSPOSE_BYTES * gemms[name].m * gemms[name].k * gemms[name].batch)
                       for name in gemms if name in fused_inputs]
         w_ops = transposes + w_ops
-    b_ops = fp8_scale_update_ops(setup, forward, "b") + b_ops
-    forward = fp8_scale_update_ops(setup, forward, "f") + forward
+    b_ops = _before_module_gemms(fp8_scale_update_ops(setup, forward, "b"), b_ops, "_dgrad")
+    forward = _before_module_gemms(fp8_scale_update_ops(setup, forward, "f"), forward, "")
     return forward, b_ops, accumulate(keep_16bit(w_ops))
 
 
@@ -587,6 +606,11 @@ class PassCost:
     exposed_comm_s: dict[str, float]
     flops: float
     recompute_flops: float
+    # host dispatch (``host_forward_op_us`` / ``host_backward_op_us``): the host's seconds to issue the
+    # pass's ops, and the seconds the GPU waits for it when the pass starts with the host and the
+    # GPU together (``work.host_bound_pass_s`` minus the GPU seconds); zero without host dispatch
+    host_s: float = 0.0
+    host_stall_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -714,7 +738,8 @@ def _async_regathers_hidden_s(
 
 
 def price_pass(
-    setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], cache: PricingCache | None = None
+    setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], cache: PricingCache | None = None,
+    host_op_s: float = 0.0, host_recompute_op_s: float = 0.0,
 ) -> PassCost:
     """Compute plus the communication left on the critical path.
 
@@ -727,8 +752,12 @@ def price_pass(
     collective_time = cache.collective_s if cache is not None else collective_time_s
     compute = gemm = attention = flops = recompute_flops = cp_ring = 0.0
     comm: dict[str, float] = {}
+    host = host_op_s > 0.0 or host_recompute_op_s > 0.0
+    op_seconds: list[float] = []
     for op in ops:
         seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
+        if host:
+            op_seconds.append(seconds)
         if op.kind == "collective":
             axis = "cp" if op.axis in ("cp_heads", "cp_ring") else op.axis  # reported as context parallel
             comm[axis] = comm.get(axis, 0.0) + seconds
@@ -765,7 +794,31 @@ def price_pass(
         if axis != "tp":
             compute += hidden * (ring_slowdown if axis == "cp" else slowdown)
         exposed[axis] = seconds - hidden
-    return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)
+    if not host:
+        return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops)
+    host_s, stall_s = _host_dispatch(ops, op_seconds, comm, exposed, host_op_s, host_recompute_op_s)
+    return PassCost(compute_s=compute, exposed_comm_s=exposed, flops=flops, recompute_flops=recompute_flops,
+                    host_s=host_s, host_stall_s=stall_s)
+
+
+def _host_dispatch(
+    ops: list[Op], op_seconds: list[float], comm: Mapping[str, float], exposed: Mapping[str, float],
+    host_op_s: float, host_recompute_op_s: float,
+) -> tuple[float, float]:
+    """(host seconds, GPU wait) of one pass whose ops the host issues in order, each after
+    ``host_op_s`` of dispatch (``host_recompute_op_s`` for a recomputed forward op, which re-runs
+    forward module code): ``work.host_bound_pass_s`` over the ops' stream seconds, a collective
+    counting the exposed share of its axis (the part that holds the compute stream)."""
+    gpu_s = []
+    for op, seconds in zip(ops, op_seconds):
+        if op.kind == "collective":
+            axis = "cp" if op.axis in ("cp_heads", "cp_ring") else op.axis
+            total = comm.get(axis, 0.0)
+            seconds = seconds * exposed.get(axis, 0.0) / total if total > 0.0 else 0.0
+        gpu_s.append(seconds)
+    issue = [host_recompute_op_s if op.recompute else host_op_s for op in ops]
+    span = host_bound_pass_s(gpu_s, issue)
+    return sum(issue), max(0.0, span - sum(gpu_s))
 
 
 def _add(total: dict[str, float], extra: Mapping[str, float]) -> None:
@@ -791,10 +844,11 @@ def price_layer(
 ) -> LayerCost:
     f_ops, b_ops, w_ops = ops
     recompute = [op for op in b_ops if op.recompute]
+    forward_s, backward_s = setup.host_forward_op_s, setup.host_backward_op_s
     return LayerCost(
-        forward=price_pass(setup, f_ops, links, cache),
-        backward_input=price_pass(setup, b_ops, links, cache),
-        backward_weight=price_pass(setup, w_ops, links, cache),
+        forward=price_pass(setup, f_ops, links, cache, forward_s, forward_s),
+        backward_input=price_pass(setup, b_ops, links, cache, backward_s, forward_s),
+        backward_weight=price_pass(setup, w_ops, links, cache, backward_s, forward_s),
         recompute_s=price_pass(setup, recompute, links, cache).total_s if recompute else 0.0,
     )
 
@@ -953,6 +1007,27 @@ def collective_axes(ops: tuple[list[Op], ...]) -> frozenset[str]:
     return frozenset(op.axis for passes in ops for op in passes if op.kind == "collective")
 
 
+def host_dispatch_stalls(costs: list[LayerCost], layers: int, *, first: bool) -> tuple[float, float, float]:
+    """Seconds per micro-batch the GPU waits for the host in a chunk's F, B and W (``costs``: the
+    chunk's layers in model order, then its embedding when ``first``, then its LM head): each pass
+    chains its layers' (GPU, host, span) triples in the order it runs them (``work.chain_host_bound``:
+    forward from the embedding to the LM head, backward the other way), starting with the host and
+    the GPU together; the wait is the chained span minus the GPU seconds. Over L identical layers
+    that is the first layer's own wait plus (L - 1) x max(0, host - GPU seconds of a layer)."""
+    ends = costs[layers:]
+    order = ([ends[0]] if first and ends else []) + costs[:layers] + (ends[1:] if first else ends)
+    stalls = []
+    for name in ("forward", "backward_input", "backward_weight"):
+        chained = None
+        for cost in (order if name == "forward" else reversed(order)):
+            p = getattr(cost, name)
+            gpu = p.total_s
+            triple = (gpu, p.host_s, gpu + p.host_stall_s)
+            chained = triple if chained is None else chain_host_bound(chained, triple)
+        stalls.append(0.0 if chained is None else max(0.0, chained[2] - chained[0]))
+    return stalls[0], stalls[1], stalls[2]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkCost:
     work: ChunkWork
@@ -1037,6 +1112,9 @@ def chunk_cost(
     passes = [sum(t[0] for t in totals) - hidden_pp[0] + f_p2p + f_amax,
               sum(t[1] for t in totals) - hidden_pp[1] + b_p2p + b_amax,
               sum(t[2] for t in totals) - hidden_pp[2]]
+    if setup.host_forward_op_s > 0.0 or setup.host_backward_op_s > 0.0:
+        for k, stall in enumerate(host_dispatch_stalls(costs, len(layers), first=first)):
+            passes[k] += stall
     if plan.activation_offload:
         passes[1] += activation_offload_stall_s(setup, plan.activation_offload * activation_bytes, sum(passes))
     work = ChunkWork(

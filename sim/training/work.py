@@ -10,6 +10,7 @@ so they price the same work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,3 +94,34 @@ def overlap_stretch_s(work_s: float, window_s: float, slowdown: float) -> float:
         return 0.0
     inside, left = compute_beside_communication(work_s, window_s, slowdown)
     return inside + left - work_s
+
+
+def host_bound_pass_s(gpu_s: Sequence[float], host_s: Sequence[float]) -> float:
+    """Seconds from a common start until the GPU finishes ops issued by a host that runs ahead of
+    it: the host spends ``host_s[i]`` dispatching op i (Python, the ATen dispatcher, the launch)
+    before the op enters the stream, and the GPU runs op i for ``gpu_s[i]`` once it is both
+    issued and the previous op is done (start_i = max(end_{i-1}, issued_i)). Unrolled, the end of
+    the last op is the largest, over k, of the host's time to issue ops 0..k plus the GPU time of
+    ops k..n-1 (the op k after which the GPU never waits again); >= sum(gpu_s), and equal to
+    sum(host_s) + gpu_s[-1] when every op is shorter than the next op's dispatch. Both
+    fidelities read it through ``ChunkWork`` (``sim.training.costs.chunk_cost``)."""
+    issued = 0.0
+    suffix = float(sum(gpu_s))
+    end = 0.0
+    for gpu, host in zip(gpu_s, host_s):
+        issued += host
+        end = max(end, issued + suffix)
+        suffix -= gpu
+    return end
+
+
+def chain_host_bound(first: tuple[float, float, float], second: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Two op sequences run one after the other, each given as (GPU seconds, host seconds, seconds
+    from a common start to the GPU's end: ``host_bound_pass_s``): the same triple for the whole.
+    The second sequence's host starts when the first one's host is done, its GPU when the first
+    one's GPU is done, so its end is the later of the first end plus its GPU seconds and the first
+    host time plus its own span (the max-plus product; associative, so any grouping of layers
+    gives the same end)."""
+    gpu_a, host_a, end_a = first
+    gpu_b, host_b, end_b = second
+    return gpu_a + gpu_b, host_a + host_b, max(end_a + gpu_b, host_a + end_b)
