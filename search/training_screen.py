@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Sequence
 
 from sim.runner import RunOptions
 from sim.training.config import TrainingSetup
-from sim.training.estimate import _NOT_TERMS_FIELDS, estimate_training, estimate_trainings, memory_terms
+from sim.training.estimate import _NOT_TERMS_FIELDS, estimate_training, estimate_trainings, is_estimated, memory_terms
 from sim.training.activations import inflight_microbatches
 from sim.training.memory import stage_layer_kinds, stage_memory_class
 from sim.training.pricing_cache import PricingCache
@@ -214,6 +214,13 @@ def _plan_program_key(plan: ParallelPlan, job: TrainingJob) -> tuple[str, int, i
 def _setup_program_key(setup: TrainingSetup) -> tuple[str, int, int, int]:
     """``_plan_program_key`` of a setup."""
     return _plan_program_key(setup.plan, setup.job)
+
+
+def holds_metrics(token: str, contexts: Sequence[Context], candidate: Candidate) -> bool:
+    """Whether this process holds the analytic metrics of a valid candidate (it screened or priced
+    it): ``price_candidate`` then needs no pipeline program."""
+    worker = _worker(token, contexts)
+    return is_estimated(worker.builders[candidate.context](candidate, check_program=False), worker.cache)
 
 
 def price_candidate(token: str, contexts: Sequence[Context], candidate: Candidate) -> dict[str, Any]:

@@ -172,6 +172,12 @@ def estimate_training(setup: TrainingSetup, cache: PricingCache | None = None) -
     return _metrics(setup, cache.memo("estimate", keys.setup, lambda: _evaluate(setup, keys, cache)))
 
 
+def is_estimated(setup: TrainingSetup, cache: PricingCache) -> bool:
+    """Whether ``cache`` holds the metrics of ``setup`` (``estimate_training`` then reads no pipeline
+    program: neither its profile nor its dependency graph)."""
+    return cache.get("estimate", pricing_keys(setup, cache).setup) is not None
+
+
 def estimate_trainings(setups: Sequence[TrainingSetup], cache: PricingCache) -> list[dict[str, Any]]:
     """``estimate_training`` of every setup (the same numbers), faster for many: the per-stage
     longest paths that their pipeline phases need (``analytic.spans_request``) are priced together,

@@ -331,19 +331,21 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     Times are integers, and an op started at time t ends after t, so what the stages free at t
     choose cannot depend on one another: the stages are stepped through time together, each step
     a few array operations over all stages (a stage's choice is the one of the event-by-event list
-    scheduler with stages deciding in (time, stage) order). Several programs (of equal chunks per
-    stage, ``split`` and ``forward_first``) run side by side, their stages as lanes of one array:
+    scheduler with stages deciding in (time, stage) order). Several programs (of equal ``split`` and
+    ``forward_first``, any chunks per stage) run side by side, their stages as lanes of one array:
     they share no op, and a lane that has nothing to choose at t chooses the same at every time
-    until one of its inputs ends, so stepping it with the others changes none of its choices."""
-    per_stage = len(specs[0].place) // specs[0].pp
+    until one of its inputs ends, so stepping it with the others changes none of its choices. A
+    step costs about the same for a few lanes as for hundreds (array-call overhead), so the fewer
+    steps the better: hanayo's programs of 1 to 32 waves, as long as one another, run as one."""
     split, forward_first = specs[0].split, specs[0].forward_first
-    if any(len(s.place) // s.pp != per_stage or s.split != split or s.forward_first != forward_first for s in specs):
-        raise ValueError("_greedy schedules programs of equal chunks per stage, split and forward_first together")
+    if any(s.split != split or s.forward_first != forward_first for s in specs):
+        raise ValueError("_greedy schedules programs of equal split and forward_first together")
     # per lane (a stage of one program) and per chunk (a global chunk of one program): offsets into
     # the flat tables; a chunk's F end times sit at ends[base + micro-batch], its B's at ends[E + base + mb]
     pps = np.array([s.pp for s in specs], dtype=np.int64)
     ms = np.array([s.m for s in specs], dtype=np.int64)
-    chunk_counts = pps * per_stage
+    chunk_counts = np.array([len(s.place) for s in specs], dtype=np.int64)
+    lane_per_stage = np.repeat(chunk_counts // pps, pps)  # the lane's chunks
     lane_m = np.repeat(ms, pps)
     lane_chunks = np.repeat(chunk_counts, pps)
     chunk_m = np.repeat(ms, chunk_counts)
@@ -356,13 +358,11 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     last_in = g_in == np.repeat(chunk_counts, chunk_counts) - 1
     f_wait = np.where(g_in > 0, base - np.roll(chunk_m, 1), sentinel)  # forward of g waits for g - 1's
     b_wait = np.where(~last_in, slots + np.roll(base, -1), sentinel)  # backward of g for g + 1's
+    # every lane's global chunks (batch ids) in model order, lane after lane
     local = np.concatenate([
-        _local_chunks(s.place, s.pp) + c0 for s, c0 in zip(specs, np.cumsum(chunk_counts) - chunk_counts)
-    ])  # (lanes, per_stage): the lane's global chunks (batch ids) in model order
-    index_of = np.empty(len(chunk_m), dtype=np.int64)
-    index_of[local.ravel()] = np.tile(np.arange(per_stage), len(local))
-    later = per_stage - 1 - index_of  # the stage's chunks after g (room kept for them)
-    depth = lane_chunks[:, None] - 1 - (local - first_chunk[local])  # smaller key for the deeper chunk
+        (_local_chunks(s.place, s.pp) + c0).ravel() for s, c0 in zip(specs, np.cumsum(chunk_counts) - chunk_counts)
+    ])
+    local_start = np.cumsum(lane_per_stage) - lane_per_stage  # per lane, its first entry of ``local``
     never = np.iinfo(np.int64).max
     nowhere = sentinel + int(ms.max())  # the end of an op that never runs (a column with no op left)
     dump = nowhere + 1  # where a W's end goes (nothing waits for a W)
@@ -371,71 +371,76 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     limit = np.concatenate([np.asarray(s.limits, dtype=np.int64) for s in specs])
     lanes = len(limit)
     # the choices of a lane, as columns: B of each local chunk, F of each local chunk and, with
-    # ``split``, its oldest pending W (one column). Per (lane, B/F column) what its next op
-    # (micro-batch nxt) waits for: ends[first + nxt] and ends[second + nxt] (a B its own F and the
-    # next chunk's B; an F the previous chunk's F), ends[at + nxt] where it ends, the most
-    # activations the lane may hold to start it (an F) and its key (class, micro-batch, deepest
-    # chunk first: one integer; B before F unless forward_first; the W column after both)
-    span = lane_m * lane_chunks
-    b_class, f_class = (span, np.zeros(lanes, dtype=np.int64)) if forward_first else (np.zeros(lanes, dtype=np.int64), span)
-    own_f = base[local]
+    # ``split``, its oldest pending W (one column); the lanes' columns one after another in flat
+    # arrays (lanes differ in their chunks). Per column, what its next op (micro-batch nxt) waits
+    # for: ends[first + nxt] and ends[second + nxt] (a B its own F and the next chunk's B; an F the
+    # previous chunk's F), ends[at + nxt] where it ends, the most activations the lane may hold to
+    # start it (an F) and its key (class, micro-batch, deepest chunk first: one integer; B before F
+    # unless forward_first; the W column after both)
     w_columns = 1 if split else 0
-    lane_sentinel = np.full((lanes, w_columns), sentinel, dtype=np.int64)
-    first = np.concatenate([own_f, f_wait[local], lane_sentinel], axis=1)
-    second = np.concatenate([b_wait[local], np.full_like(own_f, sentinel), lane_sentinel], axis=1)
-    at = np.concatenate([slots + own_f, own_f, np.full((lanes, w_columns), dump, dtype=np.int64)], axis=1)
+    lane_columns = 2 * lane_per_stage + w_columns
+    column_start = np.cumsum(lane_columns) - lane_columns  # per lane, its first column
+    flat_size = int(lane_columns.sum())
+    lane = np.repeat(np.arange(lanes), lane_columns)  # per column, its lane
+    within = np.arange(flat_size) - column_start[lane]  # the column's index in its lane
+    per_stage = lane_per_stage[lane]
+    part = (within >= per_stage).astype(np.int64) + (within >= 2 * per_stage)  # 0: B, 1: F, 2: W
+    column_chunk = np.where(part == 0, within, np.where(part == 1, within - per_stage, 0))  # local chunk (W: 0)
+    g = local[local_start[lane] + column_chunk]  # the column's global chunk (the W column: the lane's first)
+    own_f = base[g]
+    is_b, is_f, is_w = part == 0, part == 1, part == 2
+    first = np.where(is_b, own_f, np.where(is_f, f_wait[g], sentinel))
+    second = np.where(is_b, b_wait[g], sentinel)
+    at = np.where(is_b, slots + own_f, np.where(is_f, own_f, dump))
     # the lane's count that must be at most ``room`` to start the column's op: held activations
     # for B and F (B: always), minus the pending W for the W column (at least one pending)
-    room = np.concatenate([np.full_like(own_f, never), limit[:, None] - 1 - later[local], np.full((lanes, w_columns), -1)], axis=1)
-    keys = np.concatenate([b_class[:, None] + depth, f_class[:, None] + depth, np.full((lanes, w_columns), 1) * 2 * span[:, None]],
-                          axis=1)
-    no_choice = 3 * int(span.max())
-    columns = 2 * per_stage + w_columns
-    # per (lane, column), flat, in the rows of ``state``: the next op's micro-batch, where it ends
-    # (at + micro-batch), the two ends it waits for (first + ..., second + ...), its key and the
-    # ops the column has left, moved on by ``step`` as the column's ops are placed (the W column
-    # stays as it is: which W it runs is known once all are placed, below)
-    flat_size = lanes * columns
-    lane_column_m = np.repeat(lane_m, columns)
-    if split:
-        lane_column_m[columns - 1 :: columns] = 0  # (the W column: never gone)
-    state = np.stack([np.zeros(flat_size, dtype=np.int64), at.ravel(), first.ravel(), second.ravel(), keys.ravel(), lane_column_m])
+    later = lane_per_stage[lane] - 1 - column_chunk  # the stage's chunks after the column's (room kept for them)
+    room = np.where(is_b, never, np.where(is_f, limit[lane] - 1 - later, -1))
+    depth = lane_chunks[lane] - 1 - (g - first_chunk[g])  # smaller key for the deeper chunk
+    span = lane_m * lane_chunks
+    b_class, f_class = (span, 0 * span) if forward_first else (0 * span, span)
+    key = np.where(is_b, b_class[lane] + depth, np.where(is_f, f_class[lane] + depth, 2 * span[lane]))
+    # keys carry their column's index in the lane in their low bits: a lane's smallest key names its
+    # column (a lane's ready columns never tie: keys differ in micro-batch or depth)
+    index_bits = int(lane_columns.max()).bit_length()
+    no_choice = 3 * int(span.max()) << index_bits
+    lane_column_m = np.where(is_w, 0, lane_m[lane])  # (the W column: never gone)
+    # per column, in the rows of ``state``: the next op's micro-batch, where it ends (at +
+    # micro-batch), the two ends it waits for (first + ..., second + ...), its key and the ops the
+    # column has left, moved on by ``step`` as the column's ops are placed (the W column stays as
+    # it is: which W it runs is known once all are placed, below)
+    state = np.stack([np.zeros(flat_size, dtype=np.int64), at, first, second, key << index_bits | within, lane_column_m])
     step = np.ones_like(state)
-    step[4] = np.repeat(lane_chunks, columns)
+    step[4] = lane_chunks[lane] << index_bits
     step[5] = -1
-    if split:
-        step[:, columns - 1 :: columns] = 0
-    waits, keys = state[2:4], state[4].reshape(lanes, columns)
+    step[:, is_w] = 0
+    waits, keys = state[2:4], state[4]
     state_flat, step_flat = state.ravel(), step.ravel()  # (one fancy index into all rows: rows offset by flat_size)
     row_offsets = (np.arange(len(state)) * flat_size)[:, None]
-    room = room.reshape(lanes, columns)
-    # an op placed is recorded as its micro-batch and its column: B of local chunk c is column c, F
-    # column per_stage + c, W of chunk c the pseudo-column 2 per_stage + c (pass and chunk by column)
-    column_kind = np.repeat([B_CODE, F_CODE, W_CODE], per_stage)
-    column_chunk = np.tile(np.arange(per_stage), 3)
-    column_duration = np.repeat([1 if split else 2, 1], per_stage)
     # per lane (held activations, minus the pending W) and what each column's op adds to them
     counted = np.zeros((lanes, 2), dtype=np.int64)
-    column_counts = np.zeros((columns, 2), dtype=np.int64)
-    column_counts[:per_stage, 0], column_counts[per_stage : 2 * per_stage, 0] = -1, 1
+    column_counts = np.zeros((flat_size, 2), dtype=np.int64)
+    column_counts[is_b, 0], column_counts[is_f, 0] = -1, 1
     if split:
-        column_counts[:per_stage, 1], column_counts[-1, 1] = -1, 1
-    counted_of = np.repeat([0, 0, 1], [per_stage, per_stage, w_columns])  # the count each column's room bounds
+        column_counts[is_b, 1], column_counts[is_w, 1] = -1, 1
+    counted_index = 2 * lane + is_w  # the count (in ``counted``, flat) each column's room bounds
+    column_duration = np.where(is_b & (not split), 2, 1)
     free = np.zeros(lanes, dtype=np.int64)
-    total = 3 * lane_m * per_stage
+    total = 3 * lane_m * lane_per_stage
     out_base = np.cumsum(total) - total
+    # an op placed is recorded as its micro-batch and its column; the W right after a fused B as
+    # the B's column + flat_size (pass and chunk by column)
     out_mb, out_column = np.zeros((2, int(total.sum())), dtype=np.int64)
     cursor = out_base.copy()  # per lane, where its next op goes in ``out_mb`` / ``out_column``
-    row_start = np.arange(lanes) * columns
+    index_mask = (1 << index_bits) - 1
     left = int(total.sum())  # ops not yet placed
     t = 0
     while True:
         # every lane's choices: its best ready B or F, else (with ``split``) a pending W
-        ready = ends.take(waits).max(axis=0).reshape(lanes, columns) <= t
-        score = np.where(ready & (counted[:, counted_of] <= room), keys, no_choice)
-        column = score.argmin(axis=1)
-        best = row_start + column
-        has_op = score.ravel().take(best) < no_choice  # the best is a ready op (keys are below no_choice)
+        ready = ends.take(waits).max(axis=0) <= t
+        score = np.where(ready & (counted.ravel().take(counted_index) <= room), keys, no_choice)
+        best_key = np.minimum.reduceat(score, column_start)
+        has_op = best_key < no_choice  # the best is a ready op
         rows = (has_op if split else has_op & (free <= t)).nonzero()[0]
         if not len(rows):
             later_free = free[free > t]  # ops still running (on any stage) make inputs arrive then
@@ -448,24 +453,24 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
             continue
         row = cursor[rows]
         cursor[rows] = row + 1
-        c = column[rows]
-        flat = best[rows]
+        flat = column_start[rows] + (best_key[rows] & index_mask)
         entries = flat + row_offsets
         values = state_flat[entries]
         state_flat[entries] = values + step_flat[entries]
         mb = values[0]
-        out_mb[row], out_column[row] = mb, c
-        ends[values[1]] = t + column_duration[c] if not split else t + 1
+        out_mb[row], out_column[row] = mb, flat
+        ends[values[1]] = t + column_duration[flat] if not split else t + 1
         gone = flat[values[5] == 1]  # the column's last op: it never has another
         if len(gone):
             waits[:, gone] = nowhere
-        counted[rows] += column_counts[c]
+        counted[rows] += column_counts[flat]
         if not split:
             free[rows] = t + 1
-            b_stages = rows[c < per_stage]
+            b_placed = is_b[flat]
+            b_stages = rows[b_placed]
             if len(b_stages):  # its W at once (fused backward: the stage is busy 2 time units)
                 w_row = cursor[b_stages]
-                out_mb[w_row], out_column[w_row] = mb[c < per_stage], c[c < per_stage] + 2 * per_stage
+                out_mb[w_row], out_column[w_row] = mb[b_placed], flat[b_placed] + flat_size
                 cursor[b_stages] = w_row + 1
                 free[b_stages] = t + 2
             left -= len(b_stages)
@@ -474,10 +479,13 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
             break
         t += 1
     if split:  # each lane's W run in the order of its B (its oldest pending W each time)
-        w_rows, b_rows = np.flatnonzero(out_column == columns - 1), np.flatnonzero(out_column < per_stage)
-        out_mb[w_rows], out_column[w_rows] = out_mb[b_rows], out_column[b_rows] + 2 * per_stage
-    out = np.stack([column_kind[out_column], out_mb, column_chunk[out_column]], axis=1)  # rows (pass code, micro-batch, local chunk)
-    cuts = np.cumsum(pps * 3 * ms * per_stage)[:-1]
+        w_rows, b_rows = np.flatnonzero(is_w[out_column]), np.flatnonzero(is_b[out_column])
+        out_mb[w_rows], out_column[w_rows] = out_mb[b_rows], out_column[b_rows] + flat_size
+    w_op = out_column >= flat_size
+    placed = out_column - w_op * flat_size
+    kind = np.where(w_op, W_CODE, np.where(is_b[placed], B_CODE, F_CODE))
+    out = np.stack([kind, out_mb, column_chunk[placed]], axis=1)  # rows (pass code, micro-batch, local chunk)
+    cuts = np.cumsum(3 * ms * chunk_counts)[:-1]
     return [ops.reshape(s.pp, -1, 3) for s, ops in zip(specs, np.split(out, cuts))]
 
 
@@ -1257,10 +1265,10 @@ def _checked_ops(key: ProgramKey, place: Sequence[int], ops: np.ndarray, split: 
 
 def _built_programs(keys: Sequence[ProgramKey]) -> list[tuple[ProgramKey, Program]]:
     """``_built_program`` of every key whose program is valid (the others left out), the
-    list-scheduled ones (``_greedy``) generated side by side in groups of equal chunks per stage and
-    backward kind and of similar length (``_packed``)."""
+    list-scheduled ones (``_greedy``) generated side by side in groups of equal backward kind and
+    of similar length (``_packed``)."""
     out: list[tuple[ProgramKey, Program]] = []
-    listed: dict[tuple[int, bool, bool], list[tuple[ProgramKey, GreedySpec]]] = {}
+    listed: dict[tuple[bool, bool], list[tuple[ProgramKey, GreedySpec]]] = {}
     for key in keys:
         spec = None if is_file_schedule(key[0]) else _greedy_spec(*key)
         try:
@@ -1270,9 +1278,9 @@ def _built_programs(keys: Sequence[ProgramKey]) -> list[tuple[ProgramKey, Progra
         except InvalidPlanError:
             continue
         if spec is not None:
-            listed.setdefault((len(spec.place) // spec.pp, spec.split, spec.forward_first), []).append((key, spec))
+            listed.setdefault((spec.split, spec.forward_first), []).append((key, spec))
     for group in listed.values():
-        group.sort(key=lambda item: (item[1].m, item[0]))
+        group.sort(key=lambda item: (item[1].m * len(item[1].place) // item[1].pp, item[0]))  # by ops per stage
         for batch in _packed(group, lambda item: (2 * len(item[1].place) * item[1].m, item[1].pp)):
             try:
                 generated: list[np.ndarray | None] = list(_greedy([spec for _, spec in batch]))

@@ -359,9 +359,9 @@ def _list_schedule_one_by_one(spec) -> np.ndarray:
 
 
 def test_list_scheduler_equals_the_one_by_one_list_scheduler() -> None:
-    """``_greedy`` (all stages stepped together as array lanes, several programs side by side) makes
-    the choices of the event-by-event list scheduler, on every list-scheduled schedule of 1-6
-    stages and 1-10 micro-batches."""
+    """``_greedy`` (all stages stepped together as array lanes, several programs side by side, of
+    any chunks per stage) makes the choices of the event-by-event list scheduler, on every
+    list-scheduled schedule of 1-6 stages and 1-10 micro-batches."""
     from sim.training import schedules
 
     specs = [schedules._greedy_spec(schedule, pp, m, v)
@@ -370,8 +370,8 @@ def test_list_scheduler_equals_the_one_by_one_list_scheduler() -> None:
     expected = [_list_schedule_one_by_one(spec) for spec in specs]
     for spec, ops in zip(specs, expected):
         assert np.array_equal(schedules._greedy([spec])[0], ops), spec
-    for split, per_stage in [(True, 1), (True, 2), (False, 2), (False, 4)]:
-        group = [s for s in specs if s.split == split and len(s.place) == per_stage * s.pp]
+    for split in (True, False):
+        group = [s for s in specs if s.split == split]
         together = schedules._greedy(group)
         assert all(np.array_equal(a, expected[specs.index(s)]) for a, s in zip(together, group))
 
