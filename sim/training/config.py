@@ -24,7 +24,7 @@ from workloads.plan import ParallelPlan, TrainingJob, chunk_recompute_counts, st
 TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
-    "fp8_backward_accumulation", "cross_entropy", "qkv_split", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
+    "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us",
     "failures", "dropout",
 )
@@ -131,13 +131,20 @@ class TrainingSetup:
     # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
     # see sim.training.costs.qkv_split_ops
     qkv_split: str = "none"
+    # layout copies around the fused attention kernel: "native" (the kernel reads Q, K, V and writes
+    # its output in the framework's layout) | "flash_bshd" (Transformer Engine 1.x's flash-attn
+    # backend on Megatron-Core's [s, b, h, d] tensors: copies to and from [b, s, h, d]); see
+    # sim.training.costs.flash_layout_ops
+    attention_layout: str = "native"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
     # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
     # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
     pipeline_p2p: str = "overlapped"
     # biased linear layers: "fused" (bias add and bias gradient in the GEMM epilogues, Transformer
     # Engine / cuBLASLt) | "unfused" (Megatron-LM 2021-22: a separate add after the QKV matmul and
-    # a column-sum kernel over each biased linear's output gradient); see sim.training.costs.unfused_bias_ops
+    # a column-sum kernel over each biased linear's output gradient) | "skip_bias_add" (Megatron-Core:
+    # the QKV bias in the GEMM epilogue, the other biases added by the next elementwise kernel and
+    # their gradients column sums); see sim.training.costs.unfused_bias_add_ops
     linear_bias: str = "fused"
     # fp8 scaling (precision "fp8" only): "delayed" (amax inside the cast kernels, casts fused into
     # norms and activations) | "current" (an amax pass before every cast, no fused casts)
@@ -398,6 +405,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         optimizer_kernels=settings["optimizer_kernels"],
         grad_buffer_passes=settings["grad_buffer_passes"],
         qkv_split=settings["qkv_split"],
+        attention_layout=settings["attention_layout"],
         pipeline_p2p=settings["pipeline_p2p"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],

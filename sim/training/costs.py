@@ -194,6 +194,8 @@ def layer_passes(
         forward = megatron_attention_layout_ops(forward)
     else:
         forward = qkv_split_ops(setup, forward)
+        if setup.attention_layout == "flash_bshd":
+            forward = flash_layout_ops(setup, forward)
     if setup.linear_bias == "unfused":
         forward = unfused_bias_add_ops(setup, forward)
     if plan.recompute == "full" or full_recompute:
@@ -208,7 +210,7 @@ def layer_passes(
     views = [op for op in forward if op.name == QKV_SPLIT_OP and op.bytes_moved == 0.0]
     b_ops, w_ops = backward_ops(forward, recompute=[op for op in recompute if op not in views])
     forward = [op for op in forward if op not in views]
-    if setup.linear_bias == "unfused":
+    if setup.linear_bias in ("unfused", "skip_bias_add"):
         w_ops = w_ops + unfused_bias_gradient_ops(setup, forward)
     if job.precision == "fp8":
         forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
@@ -303,6 +305,52 @@ def qkv_split_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
     return forward[:index + 1] + [split] + forward[index + 1:]
 
 
+# Transformer Engine 1.x's flash-attn backend on Megatron-Core's [s, b, h, d] tensors
+# (``attention_layout = "flash_bshd"``): flash-attn takes [b s, h, d], so TE's FlashAttention.forward
+# (transformer_engine/pytorch/attention.py at 7d576ed25, NeMo 24.07's TE_TAG; the same code at
+# 09ba8427) converts on both sides of the kernel when qkv_format is "sbhd" (Megatron-Core 338af514
+# TEDotProductAttention's default without apply_rope_fusion):
+# - input: Q, K and V interleaved in the QKV output (layout sbh3d: no RoPE) are made contiguous in
+#   [b, s] order by tex.fa_prepare_fwd (head dim 128, s b >= 512) or else by
+#   ``x.transpose(0, 1).contiguous()`` each, a copy either way (read and write 2 x the QKV output's
+#   elements); Q and K that RoPE rewrote and V that get_qkv_layout copied (``qkv_split``
+#   "concat_copy_v") are contiguous [s, b, h, d], and the transpose copies them only when b > 1
+#   (with b = 1 the transposed tensor is already contiguous). The backward needs no copy of its own:
+#   fa_prepare_bwd writes the packed QKV gradient, the transposes' gradients are views, and either
+#   way the split's concatenation (``qkv_split``) is the pass that assembles it. Priced as the QKV
+#   split's forward.
+# - output: ``output.view(b, s, -1).transpose(0, 1).contiguous()`` copies it back to [s, b] order
+#   when b > 1 (read and write its elements), and in backward autograd's reshape of the transposed
+#   gradient to [b s, h, d] (the view's backward; b and s cannot merge) copies it again.
+ATTENTION_OUTPUT_LAYOUT_OP = "attention_output_layout"
+
+
+def flash_layout_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
+    """``forward`` with the [s, b] <-> [b, s] copies of ``attention_layout = "flash_bshd"`` (see the
+    comment above): the input copy added to the QKV split's forward bytes, the output copy (b > 1)
+    an op after the attention kernel."""
+    b = setup.job.micro_batch
+    split = next((i for i, op in enumerate(forward) if op.name == QKV_SPLIT_OP), None)
+    qkv = next((op for op in forward if op.kind == "gemm" and op.name == "qkv_proj"), None)
+    rope = any(op.name == "rope" for op in forward)
+    out = list(forward)
+    if split is not None and qkv is not None and (b > 1 or not rope):
+        copy = 2.0 * qkv.m * qkv.n * qkv.batch * qkv.bytes_per_element
+        out[split] = replace(out[split], bytes_moved=out[split].bytes_moved + copy)
+    if b > 1:
+        for index in range(len(out) - 1, -1, -1):
+            op = out[index]
+            if op.kind == "attention":
+                queries = sum(q for q, _ in op.sequences)
+                elements = queries * op.heads * (op.v_head_dim or op.head_dim)
+                a = qkv.bytes_per_element if qkv is not None else 2.0
+                copy_op = Op(name=ATTENTION_OUTPUT_LAYOUT_OP, kind="memory", bytes_moved=2.0 * elements * a,
+                             backward_bytes_moved=2.0 * elements * a)
+                out.insert(index + 1, copy_op)
+                break
+    return out
+
+
 def megatron_attention_layout_ops(forward: list[Op]) -> list[Op]:
     """The layout copies of Megatron-LM 2021-22's materialised-scores core attention
     (megatron/model/transformer.py ParallelAttention.forward at 50a4b5fa02): the [b np, sq, hn]
@@ -327,6 +375,15 @@ def megatron_attention_layout_ops(forward: list[Op]) -> list[Op]:
 # ColumnParallelLinear: matmul, then the bias add), and those whose bias is folded into the next
 # elementwise kernel (bias_dropout_add after out_proj / mlp_down, bias_gelu after mlp_up); every one
 # of them reduces its bias gradient with a separate column sum over the output gradient.
+# ``linear_bias = "skip_bias_add"``, Megatron-Core with Transformer Engine linears (NeMo 24.x):
+# linear_qkv is built with skip_bias_add=False, so TE adds its bias in the GEMM epilogue and reduces
+# its gradient inside the fp8 cast-transpose (fused); linear_proj, linear_fc1 and linear_fc2 are
+# built with skip_bias_add=True (megatron/core/transformer/attention.py, mlp.py at 338af514), so TE
+# returns their bias unapplied (TE Linear return_bias: apply_bias False, no dbias in its backward),
+# bias_gelu_impl / bias_dropout_add add it, and autograd reduces the broadcast bias's gradient:
+# GeLUFunction.backward returns the [s, b, 4h/tp] input gradient for the bias too
+# (megatron/core/fusions/fused_bias_gelu.py at 338af514), summed to the bias's shape. These three
+# column sums are ``unfused_bias_gradient_ops``; no separate add.
 BIAS_ADD_GEMMS = ("qkv_proj",)
 BIASED_ATTENTION_GEMMS = ("qkv_proj", "out_proj")
 BIASED_MLP_GEMMS = ("mlp_up", "mlp_down")
@@ -364,7 +421,7 @@ def unfused_bias_add_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
 
 
 def unfused_bias_gradient_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
-    """``linear_bias = "unfused"``: the bias-gradient column sums of the biased projections whose bias
+    """``linear_bias = "unfused"`` or ``"skip_bias_add"``: the bias-gradient column sums of the biased projections whose bias
     rides in the following elementwise kernel (out_proj, mlp_up, mlp_down): one read of the output
     gradient each (rows x n elements; the 1-D result is negligible), as weight-gradient work."""
     ops = []

@@ -503,7 +503,7 @@ def test_unfused_linear_bias_adds_the_qkv_bias_kernel_and_a_column_sum_per_biase
         "parallel": {"tp": 2, "pp": 1, "recompute": "full"},
     }
     unfused = parse_training(base)
-    assert unfused.linear_bias == "unfused" and parse_training(_config()).linear_bias == "fused"
+    assert unfused.linear_bias == "unfused" and parse_training(_config()).linear_bias == "skip_bias_add"
     fused = parse_training({**base, "training": {**base["training"], "linear_bias": "fused"}})
     tokens, h, f = 2048, 2304, 9216
     forward, b_ops, w_ops = layer_passes(unfused, moe=False)
@@ -520,7 +520,7 @@ def test_unfused_linear_bias_adds_the_qkv_bias_kernel_and_a_column_sum_per_biase
     for setup in (fused, parse_training({**base, "model": {"name": "llama3-8b"}})):
         names = [op.name for ops in layer_passes(setup, moe=False) for op in ops]
         assert not [name for name in names if "bias" in name]
-    with pytest.raises(ConfigError, match="linear_bias = 'sometimes'; allowed: fused, unfused"):
+    with pytest.raises(ConfigError, match="linear_bias = 'sometimes'; allowed: fused, unfused, skip_bias_add"):
         parse_training({**base, "training": {**base["training"], "linear_bias": "sometimes"}})
 
 
@@ -725,3 +725,74 @@ def test_te1_delayed_scaling_waits_for_a_blocking_amax_all_reduce_per_chunk_pass
         assert fp8_amax_reduction_s(parse_training(other), links, 12) == (0.0, 0.0)
     one = parse_training({**_h100_fp8(framework="nemo"), "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 1}})
     assert fp8_amax_reduction_s(one, group_links(one, 0), 12) == (0.0, 0.0)
+
+
+def test_skip_bias_add_keeps_the_qkv_bias_in_its_epilogue_and_column_sums_the_others() -> None:
+    """Megatron-Core (``linear_bias = "skip_bias_add"``, the nemo / megatron-core / megatron-bridge
+    stacks): no bias-add kernel (the QKV bias rides in TE's GEMM epilogue, the others in
+    bias_dropout_add / bias_gelu), and W gets the column sums of out_proj, mlp_up and mlp_down, one
+    read of each output gradient (16-bit activations also under fp8)."""
+    base = {
+        "model": {"name": "gpt3-1.7b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+        "training": {"seq_len": 2048, "global_batch": 16, "micro_batch": 2, "precision": "fp8", "framework": "nemo"},
+        "parallel": {"tp": 1, "pp": 1},
+    }
+    setup = parse_training(base)
+    assert setup.linear_bias == "skip_bias_add"
+    tokens, h, f = 2 * 2048, 2304, 9216
+    forward, b_ops, w_ops = layer_passes(setup, moe=False)
+    names = [op.name for op in forward + b_ops + w_ops]
+    assert not [name for name in names if "bias_add" in name]
+    assert {op.name: op.bytes_moved for op in w_ops if op.name.endswith("_bias_grad")} == {
+        "out_proj_bias_grad": tokens * h * 2.0, "mlp_up_bias_grad": tokens * f * 2.0,
+        "mlp_down_bias_grad": tokens * h * 2.0}
+    fused = parse_training({**base, "training": {**base["training"], "linear_bias": "fused"}})
+    assert not [op for op in layer_passes(fused, moe=False)[2] if op.name.endswith("_bias_grad")]
+    llama = parse_training({**base, "model": {"name": "llama3-8b"}})  # bias-free: nothing to reduce
+    assert not [op.name for ops in layer_passes(llama, moe=False) for op in ops if "bias" in op.name]
+
+
+def test_flash_bshd_layout_copies_qkv_and_the_output_of_micro_batches_above_one() -> None:
+    """``attention_layout = "flash_bshd"`` (nemo: TE 1.x's flash-attn backend on sbhd tensors): Q, K
+    and V interleaved in the QKV output (learned positions) are copied into [b, s] order at any
+    micro-batch (2 x the QKV output's elements, on the split's forward); after RoPE (contiguous Q, K
+    and the copied V) only when the micro-batch is above 1; the output is copied back after the
+    kernel and its gradient reshaped (a copy) in backward when the micro-batch is above 1, 2 x its
+    elements each. The split's backward (the packed gradient) is unchanged; "native" adds nothing."""
+    def passes(model: str, micro_batch: int, layout: str, seq: int = 2048):  # type: ignore[no-untyped-def]
+        config = {
+            "model": {"name": model},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"seq_len": seq, "global_batch": 8 * micro_batch, "micro_batch": micro_batch,
+                         "precision": "bf16", "framework": "nemo", "attention_layout": layout},
+            "parallel": {"tp": 1, "pp": 1},
+        }
+        setup = parse_training(config)
+        assert setup.attention_layout == layout
+        forward, b_ops, _ = layer_passes(setup, moe=False)
+        return {op.name: op for op in forward}, {op.name: op for op in b_ops}
+
+    h = 2304  # gpt3-1.7b: learned positions, 24 heads of 96
+    for b in (1, 4):
+        f_native, b_native = passes("gpt3-1.7b", b, "native")
+        f_bshd, b_bshd = passes("gpt3-1.7b", b, "flash_bshd")
+        tokens = b * 2048
+        assert "qkv_split" not in f_native  # views: no forward kernel
+        assert f_bshd["qkv_split"].bytes_moved == 2.0 * tokens * 3 * h * 2.0
+        assert b_bshd["qkv_split_backward"].bytes_moved == b_native["qkv_split_backward"].bytes_moved
+        names = list(f_bshd)
+        if b == 1:
+            assert "attention_output_layout" not in f_bshd and "attention_output_layout_backward" not in b_bshd
+        else:
+            assert names.index("attention") + 1 == names.index("attention_output_layout")
+            assert f_bshd["attention_output_layout"].bytes_moved == 2.0 * tokens * h * 2.0
+            assert b_bshd["attention_output_layout_backward"].bytes_moved == 2.0 * tokens * h * 2.0
+    # RoPE (llama2-7b, 32 heads of 128): micro-batch 1 keeps concat_copy_v's V copy alone
+    one_native, _ = passes("llama2-7b", 1, "native", seq=4096)
+    one_bshd, _ = passes("llama2-7b", 1, "flash_bshd", seq=4096)
+    assert one_bshd["qkv_split"].bytes_moved == one_native["qkv_split"].bytes_moved == 2.0 * 4096 * 4096 * 2.0
+    two_bshd, _ = passes("llama2-7b", 2, "flash_bshd", seq=4096)
+    assert two_bshd["qkv_split"].bytes_moved == 2.0 * 8192 * 4096 * 2.0 + 2.0 * 8192 * 3 * 4096 * 2.0
+    with pytest.raises(ConfigError, match="attention_layout = 'bshd'; allowed: native, flash_bshd"):
+        passes("gpt3-1.7b", 1, "bshd")

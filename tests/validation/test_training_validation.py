@@ -88,9 +88,12 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.065 and MODERN_THRESHOLDS[0].max_row_error <= 0.149
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.062 and MODERN_THRESHOLDS[0].max_row_error <= 0.123
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
+    # Megatron-Core's skip_bias_add bias gradients and TE 1.x's flash-attn layout copies (NeMo 24.07) bring
+    # the NeMo GPT-3 rows with micro-batch > 1 closer (were -14.8 %, -9.1 %)
+    assert abs(errors["nemo-gpt3-5b"]) <= 0.123 and abs(errors["nemo-gpt3-20b"]) <= 0.075
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
