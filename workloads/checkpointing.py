@@ -24,9 +24,17 @@ so the count restarts at every transformer block: its 1st, 3rd, 5th ... ``aten.m
 2nd, 4th ... recomputed. Everything else (norms, RoPE, SwiGLU, residual adds, copies, all-gathers,
 all-reduces, ``aten.bmm``) is recomputed. The block is wrapped with ``ptd_checkpoint_wrapper``
 (non-reentrant checkpointing), so its input stays alive as the checkpoint's argument, and the
-recomputation stops once the last tensor autograd saved is back (``torch.utils.checkpoint`` early
-stop, on by default for non-reentrant checkpointing): ops after the block's last matmul, which save
-nothing for backward (the residual add), are not re-run.
+recomputation stops once the last tensor autograd saved is back (pytorch/pytorch
+``torch/utils/checkpoint.py``: ``_checkpoint_without_reentrant_generator(..., early_stop=True)``,
+"non-reentrant checkpoint stops recomputation as soon as it has computed all needed Tensors"): ops
+after the block's last matmul, which save nothing for backward (the residual add), are not re-run.
+The saved outputs are held from the forward to the backward (``_CachingTorchDispatchMode`` stores
+every output of a MUST_SAVE op; ``_CachedTorchDispatchMode`` pops them during recomputation).
+
+Not modelled: which SDPA backend ran. The save list of 9dec370 names the flash and memory-efficient
+kernels only; a run on ``aten._scaled_dot_product_cudnn_attention`` would recompute the attention too
+(pytorch/torchtitan issue #2091 and PR #2095, 2025-12, added every SDPA backend to the list). llmsim
+prices torchtitan's attention as the fused flash kernel and keeps its output.
 
 The matmuls are torchtitan's Llama modules (``torchtitan/models/llama/model.py`` at 9dec370,
 line 189 ``xq, xk, xv = self.wq(x), self.wk(x), self.wv(x)``, line 214 ``self.wo(output)``, line 253
