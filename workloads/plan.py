@@ -15,6 +15,10 @@ OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
 CP_COMM = ("ring", "all_gather", "ulysses", "hybrid")
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
+# what ``recompute = "selective"`` keeps (the stack's selective_recompute): Megatron's attention-core
+# recomputation (Korthikanti et al. 2022) or PyTorch per-op selective checkpointing as torchtitan
+# applies it (workloads.checkpointing)
+SELECTIVE_RECOMPUTE = ("attention_core", "per_op")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,8 +127,15 @@ class TrainingJob:
     # the recipe's dropout probability (hidden and attention dropout, as GPT-3-style Megatron / NeMo
     # recipes set both; 0 = none, as Llama-style recipes): only whether it is > 0 changes the cost
     dropout: float = 0.0
+    # what ``parallel.recompute = "selective"`` means (the stack's selective_recompute): "attention_core"
+    # | "per_op" (see SELECTIVE_RECOMPUTE)
+    selective_recompute: str = "attention_core"
 
     def __post_init__(self) -> None:
+        if self.selective_recompute not in SELECTIVE_RECOMPUTE:
+            raise InvalidPlanError(
+                f"training.selective_recompute = {self.selective_recompute!r} must be one of {', '.join(SELECTIVE_RECOMPUTE)}"
+            )
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise InvalidPlanError(f"training.dropout = {self.dropout!r} must be a number in [0, 1)")
         for name in ("seq_len", "global_batch", "micro_batch"):

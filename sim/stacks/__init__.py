@@ -47,6 +47,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "attention_layout": ("training", ("native", "flash_bshd")),
         "host_forward_op_us": ("training", float),
         "host_backward_op_us": ("training", float),
+        "selective_recompute": ("training", ("attention_core", "per_op")),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
         "pipeline_p2p": ("parallel", ("overlapped", "blocking")),

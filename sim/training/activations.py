@@ -4,7 +4,11 @@ GQA, SwiGLU, MoE, FlashAttention, sequence and context parallelism and recomputa
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from sim.training.schedules import plan_occupancy
+from workloads.checkpointing import per_op_checkpoint
+from workloads.graph import Sharding, layer_forward_ops
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob
 
@@ -17,10 +21,20 @@ FP8_SAVED_INPUT_BYTES = 1.0  # a Linear input saved for backward as its fp8 cast
 ROUTER_PROB_BYTES = 4.0  # fp32 router softmax per token and expert (Megatron-Core router computes in fp32)
 
 
+class LayerActivations(NamedTuple):
+    """Stored activation bytes of one layer, one micro-batch, one rank (``layer_activation_parts``)."""
+
+    full_bytes: float  # stored with no recompute
+    core_bytes: float  # the attention-core part of it (scores, softmax, dropout; or FlashAttention's LSE)
+    input_bytes: float  # the layer input (all a fully recomputed layer keeps)
+    selective_bytes: float  # stored under recompute = "selective" as ``job.selective_recompute`` defines it
+
+
 def layer_activation_parts(
     model: ModelSpec, plan: ParallelPlan, job: TrainingJob, *, moe: bool, flash_attention: bool, dropout: bool
-) -> tuple[float, float, float]:
-    """(stored with no recompute, attention-core part of it, layer input) in bytes, one micro-batch, one rank.
+) -> LayerActivations:
+    """Stored bytes of one layer (no recompute, attention core, layer input, selective), one
+    micro-batch, one rank.
 
     Notation: s local sequence (seq_len / cp), b micro-batch, h hidden, t tp. Korthikanti 2022 Table 2
     for a GPT layer: s b h (10 + 24/t + 5 a s/(h t)); with sequence parallel the 10 s b h of
@@ -91,7 +105,28 @@ def layer_activation_parts(
     if plan.sequence_parallel:
         replicated /= t
     layer_input = a * tokens * h / (t if plan.sequence_parallel else 1)
-    return replicated + split + core, core, layer_input
+    full = replicated + split + core
+    if job.selective_recompute == "per_op":
+        selective = layer_input + per_op_saved_bytes(model, plan, job, moe=moe, flash_attention=flash_attention)
+    else:
+        selective = full - core
+    return LayerActivations(full, core, layer_input, selective)
+
+
+def per_op_saved_bytes(model: ModelSpec, plan: ParallelPlan, job: TrainingJob, *, moe: bool, flash_attention: bool) -> float:
+    """Bytes per-op selective checkpointing keeps of one layer besides its input: the outputs of the
+    saved ops (``workloads.checkpointing.per_op_checkpoint``) of the layer's forward op graph, one
+    micro-batch on one rank, in 16-bit activations (fp8 runs are rejected by ``validate_plan``).
+    Output sizes depend on the query tokens only, so the graph is built with whole causal
+    sequences (context parallelism is rejected too)."""
+    tokens = job.micro_batch * job.seq_len // plan.cp
+    forward = layer_forward_ops(
+        model, tokens=tokens, sequences=((job.seq_len // plan.cp, job.seq_len // plan.cp),) * job.micro_batch,
+        sharding=Sharding(tp=plan.tp, sequence_parallel=plan.sequence_parallel, cp=plan.cp, ep=plan.ep,
+                          cp_comm=plan.cp_comm, cp_heads=plan.cp_heads),
+        moe=moe, bytes_per_element=ACTIVATION_BYTES, fused_attention=flash_attention,
+    )
+    return per_op_checkpoint(forward, model=model, tp=plan.tp).saved_bytes
 
 
 def activation_bytes_per_layer(
@@ -106,7 +141,8 @@ def activation_bytes_per_layer(
     """Stored activation bytes of one transformer layer for one micro-batch on one rank.
 
     ``recompute``: none stores everything; selective drops the attention core (scores, softmax,
-    dropout, or FlashAttention's log-sum-exp); full keeps only the layer input (2 s b h, / t with
+    dropout, or FlashAttention's log-sum-exp), or under ``job.selective_recompute = "per_op"`` keeps
+    the layer input and the saved ops' outputs; full keeps only the layer input (2 s b h, / t with
     sequence parallel). ``dropout`` keeps Korthikanti's/Megatron's 1-byte masks (default, as their
     accounting); pass False for dropout-free recipes. ``moe_layer`` None = an MoE layer for MoE models.
     """
@@ -115,15 +151,25 @@ def activation_bytes_per_layer(
     return stored_activation_bytes(parts, plan.recompute)
 
 
-def stored_activation_bytes(parts: tuple[float, float, float], recompute: str) -> float:
+def stored_activation_bytes(parts: LayerActivations, recompute: str) -> float:
     """Bytes a layer keeps under ``recompute`` from its ``layer_activation_parts``: none stores
-    everything, selective drops the attention core, full keeps only the layer input."""
-    full, core, layer_input = parts
+    everything, selective what the stack's selective recomputation keeps, full only the layer input."""
     if recompute == "full":
-        return layer_input
+        return parts.input_bytes
     if recompute == "selective":
-        return full - core
-    return full
+        return parts.selective_bytes
+    return parts.full_bytes
+
+
+def recompute_working_bytes(parts: LayerActivations, recompute: str, selective_recompute: str) -> float:
+    """Bytes one layer re-materialises during its backward under ``recompute``: the attention core
+    (selective, attention_core), or what no recompute would store beyond what the layer keeps
+    (per-op selective and full; Korthikanti's no-recompute tensors stand in for the recomputed ones)."""
+    if recompute == "none":
+        return 0.0
+    if recompute == "selective" and selective_recompute == "attention_core":
+        return parts.core_bytes
+    return max(0.0, parts.full_bytes - stored_activation_bytes(parts, recompute))
 
 
 def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int) -> float:

@@ -25,7 +25,7 @@ TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
-    "host_forward_op_us", "host_backward_op_us",
+    "host_forward_op_us", "host_backward_op_us", "selective_recompute",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -349,7 +349,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     if training.get("fp8_params") and precision != "fp8":
         warn(f"[training] fp8_params = true does not apply to precision '{precision}' (fp8 only); ignored")
     job = replace(job, precision=precision, grad_reduce_dtype=grad_reduce,
-                  fp8_params=settings["fp8_params"] and precision == "fp8")
+                  fp8_params=settings["fp8_params"] and precision == "fp8",
+                  selective_recompute=settings["selective_recompute"])
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -445,6 +446,31 @@ def _recompute_layers(parallel: Mapping[str, Any], pp: int) -> tuple[int, ...]:
     raise ConfigError(f"[parallel] recompute_layers = {value!r} must be an integer or a list of integers (one per stage)")
 
 
+def check_selective_recompute(model: ModelSpec, job: TrainingJob, plan: ParallelPlan) -> None:
+    """Per-op selective checkpointing (``selective_recompute = "per_op"``) is modelled for what
+    torchtitan's policy was written for: dense, non-MLA blocks, 16-bit matmuls, no context
+    parallelism. Outside that the saved tensors are not sourced, so the plan is refused with the
+    allowed value named (``attention_core``, or another ``recompute``)."""
+    if plan.recompute != "selective" or job.selective_recompute != "per_op":
+        return
+    reason = None
+    if job.precision == "fp8":
+        # torchao float8 matmuls are aten._scaled_mm, not in the save list, and its amax ops
+        # (aten.abs, aten.max) are: what such a layer keeps is not modelled
+        reason = "precision 'fp8' (torchao float8's saved tensors under per-op checkpointing are not modelled)"
+    elif model.is_moe:
+        reason = f"mixture-of-experts model {model.name} (its grouped expert GEMMs are not aten.mm)"
+    elif model.is_mla:
+        reason = f"multi-head latent attention model {model.name} (torchtitan's policy is counted on Llama's wq, wk, wv)"
+    elif plan.cp > 1:
+        reason = f"cp = {plan.cp} (the ring attention's saved tensors are not modelled)"
+    if reason is not None:
+        raise InvalidPlanError(
+            f"training.selective_recompute = 'per_op' with recompute = 'selective' is not modelled for {reason}; "
+            "allowed: selective_recompute = 'attention_core', or recompute = 'none' | 'full'"
+        )
+
+
 def validate_plan(
     model: ModelSpec, cluster: Cluster, job: TrainingJob, plan: ParallelPlan, *, check_program: bool = True
 ) -> None:
@@ -508,5 +534,6 @@ def validate_plan(
         raise InvalidPlanError(
             f"training.seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of model {model.name}"
         )
+    check_selective_recompute(model, job, plan)
     if check_program:
         program_profile(plan.schedule, plan.pp, num_microbatches, plan.virtual_stages)  # valid (checked once)

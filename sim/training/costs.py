@@ -22,6 +22,7 @@ from sim.training.activations import layer_activation_parts, stored_activation_b
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, chain_host_bound, host_bound_pass_s
+from workloads.checkpointing import per_op_checkpoint
 from workloads.plan import ParallelPlan
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.precision import bytes_per_element
@@ -200,6 +201,10 @@ def layer_passes(
         forward = unfused_bias_add_ops(setup, forward)
     if plan.recompute == "full" or full_recompute:
         recompute = forward
+    elif plan.recompute == "selective" and job.selective_recompute == "per_op":
+        # PyTorch per-op selective checkpointing (torchtitan): every op outside its save list and
+        # every second matmul, up to the layer's last matmul (workloads.checkpointing)
+        recompute = list(per_op_checkpoint(forward, model=setup.model, tp=plan.tp).recompute)
     elif plan.recompute == "selective":
         recompute = [op for op in forward if op.kind == "attention" or op.name.startswith("attention_")
                      and op.kind != "collective"]
@@ -1164,7 +1169,7 @@ def chunk_cost(
         model, plan, job, moe=model.is_moe, flash_attention=setup.fused_attention, dropout=True
     )
     per_layer_activation = stored_activation_bytes(parts, plan.recompute)
-    activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts[2]
+    activation_bytes = (len(layers) - recomputed) * per_layer_activation + recomputed * parts.input_bytes
     totals = [passes_of[id(c)][1] for c in costs]
     passes = [sum(t[0] for t in totals) - hidden_pp[0] + f_p2p + f_amax,
               sum(t[1] for t in totals) - hidden_pp[1] + b_p2p + b_amax,

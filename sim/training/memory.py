@@ -37,6 +37,7 @@ from sim.training.activations import (
     TOKEN_ID_BYTES,
     inflight_microbatches,
     layer_activation_parts,
+    recompute_working_bytes,
     stored_activation_bytes,
 )
 from workloads.model import ModelSpec
@@ -295,7 +296,7 @@ def stage_memory_terms(
     recomputed = {False: recomputed_dense, True: recomputed_layers - recomputed_dense}
     stored_per_microbatch = sum(
         ((moe_layers if moe else dense_layers) - recomputed[moe]) * stored_activation_bytes(parts, plan.recompute)
-        + recomputed[moe] * parts[2]
+        + recomputed[moe] * parts.input_bytes
         for moe, parts in per_kind.items()
     )
     tokens = job.seq_len / plan.cp * job.micro_batch
@@ -310,10 +311,10 @@ def stage_memory_terms(
     recompute_working = 0.0
     if per_kind and plan.recompute != "none":
         parts = per_kind[moe_layers > 0]
-        recompute_working = parts[1] if plan.recompute == "selective" else parts[0] - parts[2]
+        recompute_working = recompute_working_bytes(parts, plan.recompute, job.selective_recompute)
     if recomputed_layers:  # a fully recomputed layer re-materialises all it did not keep
         parts = per_kind[recomputed[True] > 0]
-        recompute_working = max(recompute_working, parts[0] - parts[2])
+        recompute_working = max(recompute_working, parts.full_bytes - parts.input_bytes)
 
     # logits and CE inputs on the last stage: 4 s b h (1 + V/h) / t (Megatron theoretical_memory_usage.py);
     # held for as many micro-batches as the schedule program keeps in flight on the last chunk (every
