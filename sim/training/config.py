@@ -132,8 +132,8 @@ class TrainingSetup:
     # see sim.training.costs.qkv_split_ops
     qkv_split: str = "none"
     # layout copies around the fused attention kernel: "native" (the kernel reads Q, K, V and writes
-    # its output in the framework's layout) | "flash_bshd" (Transformer Engine 1.x's flash-attn
-    # backend on Megatron-Core's [s, b, h, d] tensors: copies to and from [b, s, h, d]); see
+    # its output in the framework's layout) | "flash_bshd" (Transformer Engine's flash-attn backend
+    # on [s, b, h, d] tensors, TE 0.8 to 1.x: copies to and from [b, s, h, d]); see
     # sim.training.costs.flash_layout_ops
     attention_layout: str = "native"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"

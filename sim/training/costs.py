@@ -310,11 +310,13 @@ def qkv_split_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
     return forward[:index + 1] + [split] + forward[index + 1:]
 
 
-# Transformer Engine 1.x's flash-attn backend on Megatron-Core's [s, b, h, d] tensors
-# (``attention_layout = "flash_bshd"``): flash-attn takes [b s, h, d], so TE's FlashAttention.forward
+# Transformer Engine's flash-attn backend on [s, b, h, d] tensors (``attention_layout =
+# "flash_bshd"``): flash-attn takes [b s, h, d], so TE's FlashAttention.forward
 # (transformer_engine/pytorch/attention.py at 7d576ed25, NeMo 24.07's TE_TAG; the same code at
-# 09ba8427) converts on both sides of the kernel when qkv_format is "sbhd" (Megatron-Core 338af514
-# TEDotProductAttention's default without apply_rope_fusion):
+# 09ba8427, MLPerf v3.1's TE_REVISION, and in transformer_engine/pytorch/transformer.py at
+# release_v0.8, MLPerf v3.0's) converts on both sides of the kernel when qkv_format is "sbhd"
+# (Megatron-Core 338af514 TEDotProductAttention's default without apply_rope_fusion; TE's own
+# MultiheadAttention passes sbhd, the only format TE 0.8 has):
 # - input: Q, K and V interleaved in the QKV output (layout sbh3d: no RoPE) are made contiguous in
 #   [b, s] order by tex.fa_prepare_fwd (head dim 128, s b >= 512) or else by
 #   ``x.transpose(0, 1).contiguous()`` each, a copy either way (read and write 2 x the QKV output's
@@ -324,24 +326,47 @@ def qkv_split_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
 #   fa_prepare_bwd writes the packed QKV gradient, the transposes' gradients are views, and either
 #   way the split's concatenation (``qkv_split``) is the pass that assembles it. Priced as the QKV
 #   split's forward.
-# - output: ``output.view(b, s, -1).transpose(0, 1).contiguous()`` copies it back to [s, b] order
-#   when b > 1 (read and write its elements), and in backward autograd's reshape of the transposed
-#   gradient to [b s, h, d] (the view's backward; b and s cannot merge) copies it again.
+# - input, ``qkv_split = "none"``: Transformer Engine's own TransformerLayer (NeMo 1.17 / 1.20 legacy
+#   GPT: fuse_qkv_params, qkv_weight_interleaved) splits the QKV output into interleaved views whose
+#   split backward is a no-op when the three gradients are consecutive views of one buffer (TE 0.8
+#   transformer.py _SplitLastDim.backward, 09ba8427 attention.py _SplitAlongDim.backward: noop_ok), so
+#   no concatenation stands in for the copy back: the same FlashAttention code (TE 0.8
+#   transformer.py FlashAttention.forward at release_v0.8, 09ba8427 attention.py lines 945-955)
+#   copies Q, K, V into [b, s] order with fa_prepare_fwd (read [s, b, np, 3 hn], write
+#   [3, b, s, np, hn]: 2 x the QKV output's elements), and _PrepareQKVForFA.backward's fa_prepare_bwd
+#   reads dQ, dK, dV and writes the packed [s, b, np, 3 hn] gradient (2 x its elements again), whose
+#   split into views is a no-op for the split backward above (on the transpose path the gradients
+#   are strided views and that split backward concatenates them: the same bytes). Priced as an op of
+#   its own before the attention kernel (``ATTENTION_INPUT_LAYOUT_OP``), both directions; its RoPE
+#   rule is the one above (no stack runs RoPE through TransformerLayer here, and TE 09ba8427's
+#   _get_qkv_layout rejects a rotated Q, K beside a strided V).
+# - output: ``output.view(b, s, -1).transpose(0, 1).contiguous()`` (09ba8427 attention.py line
+#   1024, release_v0.8 transformer.py line 384) copies it back to [s, b] order when b > 1 (read and
+#   write its elements), and in backward autograd's reshape of the transposed gradient to
+#   [b s, h, d] (the view's backward; b and s cannot merge) copies it again. With b = 1 the
+#   transposed [s, 1, h d] is already contiguous (PyTorch ignores a size-1 dimension's stride) and
+#   its gradient reshapes as a view: no copy either way.
 ATTENTION_OUTPUT_LAYOUT_OP = "attention_output_layout"
+ATTENTION_INPUT_LAYOUT_OP = "attention_input_layout"
 
 
 def flash_layout_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
     """``forward`` with the [s, b] <-> [b, s] copies of ``attention_layout = "flash_bshd"`` (see the
-    comment above): the input copy added to the QKV split's forward bytes, the output copy (b > 1)
-    an op after the attention kernel."""
+    comment above): the input copy added to the QKV split's forward bytes (or, with no split op,
+    ``qkv_split = "none"``, an op of its own before the attention kernel that copies in both
+    directions), the output copy (b > 1) an op after the attention kernel."""
     b = setup.job.micro_batch
     split = next((i for i, op in enumerate(forward) if op.name == QKV_SPLIT_OP), None)
     qkv = next((op for op in forward if op.kind == "gemm" and op.name == "qkv_proj"), None)
     rope = any(op.name == "rope" for op in forward)
     out = list(forward)
-    if split is not None and qkv is not None and (b > 1 or not rope):
+    if qkv is not None and (b > 1 or not rope):
         copy = 2.0 * qkv.m * qkv.n * qkv.batch * qkv.bytes_per_element
-        out[split] = replace(out[split], bytes_moved=out[split].bytes_moved + copy)
+        if split is not None:
+            out[split] = replace(out[split], bytes_moved=out[split].bytes_moved + copy)
+        elif (attention := next((i for i, op in enumerate(out) if op.kind == "attention"), None)) is not None:
+            out.insert(attention, Op(name=ATTENTION_INPUT_LAYOUT_OP, kind="memory", bytes_moved=copy,
+                                     backward_bytes_moved=copy))
     if b > 1:
         for index in range(len(out) - 1, -1, -1):
             op = out[index]

@@ -796,3 +796,42 @@ def test_flash_bshd_layout_copies_qkv_and_the_output_of_micro_batches_above_one(
     assert two_bshd["qkv_split"].bytes_moved == 2.0 * 8192 * 4096 * 2.0 + 2.0 * 8192 * 3 * 4096 * 2.0
     with pytest.raises(ConfigError, match="attention_layout = 'bshd'; allowed: native, flash_bshd"):
         passes("gpt3-1.7b", 1, "bshd")
+
+
+def test_flash_bshd_on_te_transformer_layer_copies_the_packed_qkv_both_ways() -> None:
+    """``attention_layout = "flash_bshd"`` with ``qkv_split = "none"`` (nemo-1.17 / nemo-1.20: TE 0.8 /
+    09ba8427 TransformerLayer, whose split backward is a no-op): the MLPerf GPT-3 layer (TP4, seq 2048,
+    24 heads of 128 per rank, learned positions) gets an op of its own before the attention kernel,
+    fa_prepare_fwd in forward and fa_prepare_bwd in backward, each reading and writing the rank's
+    QKV output: 2 x 2048 x 3 x 3072 x 2 bytes = 75,497,472 at micro-batch 1, where the output needs
+    no copy; at micro-batch 2 both double and the output copy (2 x 4096 x 3072 x 2 bytes each way)
+    follows the kernel. "native" adds nothing."""
+    def passes(framework: str, micro_batch: int, layout: str | None = None):  # type: ignore[no-untyped-def]
+        training = {"seq_len": 2048, "global_batch": 8 * micro_batch, "micro_batch": micro_batch,
+                    "precision": "fp8", "framework": framework}
+        if layout is not None:
+            training["attention_layout"] = layout
+        setup = parse_training({
+            "model": {"name": "gpt3-175b"},
+            "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 32},
+            "training": training,
+            "parallel": {"tp": 4, "pp": 8, "sequence_parallel": True},
+        })
+        forward, b_ops, _ = layer_passes(setup, moe=False)
+        return setup, [op.name for op in forward], {op.name: op for op in forward + b_ops}
+
+    qkv_bytes = 2048 * 3 * 12288 // 4 * 2.0  # one micro-batch's QKV output per rank, bf16
+    for framework in ("nemo-1.17", "nemo-1.20"):
+        setup, names, ops = passes(framework, 1)
+        assert (setup.attention_layout, setup.qkv_split) == ("flash_bshd", "none")  # the stacks' defaults
+        assert names.index("qkv_proj") < names.index("attention_input_layout") == names.index("attention") - 1
+        assert ops["attention_input_layout"].bytes_moved == 2.0 * qkv_bytes == 75_497_472
+        assert ops["attention_input_layout_backward"].bytes_moved == 2.0 * qkv_bytes
+        assert not [name for name in ops if name.startswith(("attention_output_layout", "qkv_split"))]
+        _, _, two = passes(framework, 2)
+        assert two["attention_input_layout"].bytes_moved == two["attention_input_layout_backward"].bytes_moved \
+            == 2.0 * 2.0 * qkv_bytes
+        assert two["attention_output_layout"].bytes_moved == two["attention_output_layout_backward"].bytes_moved \
+            == 2.0 * 4096 * 3072 * 2.0
+        _, _, native = passes(framework, 2, "native")
+        assert not [name for name in native if "layout" in name]

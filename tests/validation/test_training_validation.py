@@ -88,7 +88,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.062 and MODERN_THRESHOLDS[0].max_row_error <= 0.123
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.061 and MODERN_THRESHOLDS[0].max_row_error <= 0.123
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
     # Megatron-Core's skip_bias_add bias gradients and TE 1.x's flash-attn layout copies (NeMo 24.07) bring
@@ -103,6 +103,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # scale updates of that TE bring all five within 16 % (were -21.7, -22.0, -14.4, -18.0, -18.5 %)
     assert {c.config["training"]["framework"] for c in mlperf} == {"nemo-1.17", "nemo-1.20"}
     assert all(abs(errors[c.row]) <= 0.16 for c in mlperf)
+    # TE 0.8 / 09ba8427's flash-attn layout copies of the packed QKV, forward and backward (attention_layout
+    # flash_bshd), bring them within 6.5 % at this fidelity (were -6.8, -7.1, -3.6, -4.4, -5.0 %)
+    assert all(abs(errors[c.row]) <= 0.065 for c in mlperf)
     # mechanisms of this issue, each with a row it moves: llm-foundry's FA1-class attention and fp8 GEMMs at
     # the fp8 MAMF fraction bring these within 15 % (were -27.7 %, -20.4 %)
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.15 and abs(errors["nemo-llama2-7b"]) <= 0.16
