@@ -35,13 +35,14 @@ from sim.training.run import model_flops_per_iteration, training_metrics, with_g
 from workloads.plan import ParallelPlan
 
 # ParallelPlan fields a stage memory class does not depend on beyond its (dense, MoE, first, last,
-# recomputed) key; pp matters only through pp > 1 (tied LM head) and the world size through > 1 (NCCL buffers).
-_NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage", "recompute_layers")
+# recomputed) key; pp matters only through pp > 1 (tied LM head) and the world size through > 1 (NCCL
+# buffers), the schedule only through the last chunk's live logits (in the key): plans differing
+# only in their schedule share their classes (the 1T example's 48k priced plans: 39k classes otherwise)
+_NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage", "recompute_layers", "schedule")
 _MEMORY_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_MEMORY_FIELDS)
 _memory_plan_values = attrgetter(*_MEMORY_PLAN_FIELDS)  # plan -> tuple of those fields' values
-# ... and its ``stage_memory_terms`` not on sharding, ZeRO, offload or the schedule either (the
-# schedule enters through the live logits count, in the key)
-_NOT_TERMS_FIELDS = _NOT_MEMORY_FIELDS + ("dp", "zero", "hsdp", "offload", "schedule")
+# ... and its ``stage_memory_terms`` not on sharding, ZeRO or offload either
+_NOT_TERMS_FIELDS = _NOT_MEMORY_FIELDS + ("dp", "zero", "hsdp", "offload")
 _TERMS_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_TERMS_FIELDS)
 _terms_plan_values = attrgetter(*_TERMS_PLAN_FIELDS)
 # the metrics' nested dicts, copied for the caller (the memoized result stays intact)
@@ -108,11 +109,11 @@ def peak_memory(setup: TrainingSetup, priced: IterationClasses, cache: PricingCa
         plan_occupancy(plan, priced.num_microbatches).last_chunk_inflight,
     ))
     capacity = setup.cluster.gpu.hbm_capacity_bytes
-    # the peak adds the stage indices, which (with pp, v and the micro-batches, fixed by job and dp
-    # in the key) give each class's in-flight micro-batches
+    # the peak adds the stage indices, which (with the schedule, pp, v and the micro-batches, fixed
+    # by job and dp in the key) give each class's in-flight micro-batches
     return cache.memo(
         "peak_memory",
-        (classes_key, plan.pp, plan.virtual_stages, layout.memory_first_stage, capacity),
+        (classes_key, plan.schedule, plan.pp, plan.virtual_stages, layout.memory_first_stage, capacity),
         lambda: (peak_stage_memory(
             cache.memo("memory_classes", classes_key, lambda: _memory_classes(setup, priced, cache)),
             layout.memory_class, plan, priced.num_microbatches, capacity_bytes=capacity,
