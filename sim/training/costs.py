@@ -373,9 +373,9 @@ def flash_layout_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
             if op.kind == "attention":
                 queries = sum(q for q, _ in op.sequences)
                 elements = queries * op.heads * (op.v_head_dim or op.head_dim)
-                a = qkv.bytes_per_element if qkv is not None else 2.0
-                copy_op = Op(name=ATTENTION_OUTPUT_LAYOUT_OP, kind="memory", bytes_moved=2.0 * elements * a,
-                             backward_bytes_moved=2.0 * elements * a)
+                copy = 2.0 * elements * op.bytes_per_element  # the kernel's 16-bit output, read and written
+                copy_op = Op(name=ATTENTION_OUTPUT_LAYOUT_OP, kind="memory", bytes_moved=copy,
+                             backward_bytes_moved=copy)
                 out.insert(index + 1, copy_op)
                 break
     return out
@@ -824,6 +824,12 @@ def _async_regathers_hidden_s(
     return hidden
 
 
+def _reported_axis(op: Op) -> str:
+    """The parallel axis a collective's time is reported and overlapped under: Ulysses heads and
+    ring exchanges both as context parallel."""
+    return "cp" if op.axis in ("cp_heads", "cp_ring") else op.axis
+
+
 def price_pass(
     setup: TrainingSetup, ops: list[Op], links: Mapping[str, GroupLinks], cache: PricingCache | None = None,
     host_op_s: float = 0.0, host_recompute_op_s: float = 0.0,
@@ -846,7 +852,7 @@ def price_pass(
         if host:
             op_seconds.append(seconds)
         if op.kind == "collective":
-            axis = "cp" if op.axis in ("cp_heads", "cp_ring") else op.axis  # reported as context parallel
+            axis = _reported_axis(op)
             comm[axis] = comm.get(axis, 0.0) + seconds
             if axis == "cp" and op.collective == "send_recv":
                 cp_ring += seconds
@@ -899,7 +905,7 @@ def _host_dispatch(
     gpu_s = []
     for op, seconds in zip(ops, op_seconds):
         if op.kind == "collective":
-            axis = "cp" if op.axis in ("cp_heads", "cp_ring") else op.axis
+            axis = _reported_axis(op)
             total = comm.get(axis, 0.0)
             seconds = seconds * exposed.get(axis, 0.0) / total if total > 0.0 else 0.0
         gpu_s.append(seconds)
