@@ -398,7 +398,7 @@ def _greedy(specs: Sequence[GreedySpec]) -> list[np.ndarray]:
     room = np.where(is_b, never, np.where(is_f, limit[lane] - 1 - later, -1))
     depth = lane_chunks[lane] - 1 - (g - first_chunk[g])  # smaller key for the deeper chunk
     span = lane_m * lane_chunks
-    b_class, f_class = (span, 0 * span) if forward_first else (0 * span, span)
+    b_class, f_class = (span, np.zeros_like(span)) if forward_first else (np.zeros_like(span), span)
     key = np.where(is_b, b_class[lane] + depth, np.where(is_f, f_class[lane] + depth, 2 * span[lane]))
     # keys carry their column's index in the lane in their low bits: a lane's smallest key names its
     # column (a lane's ready columns never tie: keys differ in micro-batch or depth)
