@@ -86,20 +86,51 @@ ATTENTION_BACKWARD_FLOP_RATIO = 2.5  # FA2 counting: backward = 2.5 x forward FL
 # flash2_{a100,h100}_fwd_bwd_benchmark.png, reference/microbenchmarks.md C1): FA2's gain over FA1
 # grows with the head dim. Linear in the head dim between the two bars, held outside them.
 ATTENTION_FA1_RATE_BY_HEAD_DIM = ((64, 0.59), (128, 0.464))
+# cuDNN's fused attention (the F16_arbitrary_seqlen backend Transformer Engine runs on Hopper)
+# relative to the FA2 rate this model is fitted to, by GPU architecture, pass and head dim: the mean
+# cuDNN / FA2 ratio of the H100 80GB SXM5 bars at seq 512..16k (hidden 2048, 16k tokens per batch) in
+# the FlashAttention-3 paper's benchmarks (Shah et al. 2024, arXiv 2407.08608, Dao-AILab/flash-attention
+# assets/flash3_fp16_fwd.png; reference/microbenchmarks.md C1): forward, causal, 1.274 at hd64
+# (cuDNN 225..388 vs FA2 180..299 TFLOP/s) and 1.612 at hd128 (315..539 vs 191..335); backward, the
+# paper's non-causal bars (it shows no causal backward), 1.465 at hd64 (266..433 vs 198..291) and
+# 1.572 at hd128 (305..516 vs 214..322). The forward's causal and non-causal ratios agree within 3 %
+# (non-causal 1.246 at hd64, 1.640 at hd128), so the non-causal backward ratio is taken for causal
+# training. Linear in the head dim between the two bars, held outside them. Architectures without a
+# measurement run at the FA2 rate (Transformer Engine on sm80 prefers flash-attn anyway; TE 2.x's
+# preference for cuDNN on Blackwell, ``device_compute_capability >= (9, 0)``, is not priced: no
+# public cuDNN / FA2 pair on that GPU is cited here).
+CUDNN_ATTENTION_RATE_BY_HEAD_DIM = {
+    "hopper": {"forward": ((64, 1.274), (128, 1.612)), "backward": ((64, 1.465), (128, 1.572))},
+}
 # Fused attention kernel families: "flash" (FlashAttention-2 / cuDNN / the serving engines' own
 # kernels: the rate fitted above, and a calibration profile's measured attention rows apply),
 # "flash2" (Dao's FlashAttention-2 library kernel itself: the FA2 rate fitted above, which its own
 # benchmark tables give; a profile's rows measure other kernels, e.g. TensorRT-LLM's Hopper context
-# FMHA, and do not apply to it) and "flash1" (FlashAttention-1-class: ``attention_fa1_rate`` x the
-# FA2 rate; a profile's rows do not apply to it either).
-ATTENTION_KERNELS = ("flash", "flash2", "flash1")
+# FMHA, and do not apply to it), "flash1" (FlashAttention-1-class: ``attention_fa1_rate`` x the
+# FA2 rate; a profile's rows do not apply to it either) and "cudnn" (cuDNN fused attention, the
+# backend Transformer Engine selects on Hopper: ``attention_cudnn_rate`` x the FA2 rate; a profile's
+# rows do not apply to it).
+ATTENTION_KERNELS = ("flash", "flash2", "flash1", "cudnn")
+
+
+def _by_head_dim(points: tuple[tuple[int, float], tuple[int, float]], head_dim: float) -> float:
+    (d0, r0), (d1, r1) = points
+    d = min(max(float(head_dim), d0), d1)
+    return r0 + (r1 - r0) * (d - d0) / (d1 - d0)
+
+
+def attention_cudnn_rate(architecture: str | None, head_dim: float, *, backward: bool) -> float:
+    """Compute rate of cuDNN fused attention relative to FA2 on this GPU architecture at this head
+    dim (``CUDNN_ATTENTION_RATE_BY_HEAD_DIM``; 1.0 where no measurement is cited)."""
+    rates = CUDNN_ATTENTION_RATE_BY_HEAD_DIM.get(architecture or "")
+    if rates is None:
+        return 1.0
+    return _by_head_dim(rates["backward" if backward else "forward"], head_dim)
 
 
 def attention_fa1_rate(head_dim: float) -> float:
     """Compute rate of a FlashAttention-1-class kernel relative to FA2 at this head dim."""
-    (d0, r0), (d1, r1) = ATTENTION_FA1_RATE_BY_HEAD_DIM
-    d = min(max(float(head_dim), d0), d1)
-    return r0 + (r1 - r0) * (d - d0) / (d1 - d0)
+    return _by_head_dim(ATTENTION_FA1_RATE_BY_HEAD_DIM, head_dim)
 
 
 def launch_overhead_s(gpu: GpuSpec) -> float:
@@ -348,8 +379,8 @@ def attention_time_s(
     rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     ``kernel_rate``: a further factor on the compute rate (e.g. dropout inside the kernel);
-    ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2;
-    only "flash" reads a calibration profile's attention rows).
+    ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2,
+    "cudnn" at ``attention_cudnn_rate``; only "flash" reads a calibration profile's attention rows).
     """
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
@@ -436,7 +467,11 @@ def attention_time_from_totals_s(
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"kernel = {kernel!r} must be one of {', '.join(ATTENTION_KERNELS)}")
     rate = attention_asymptote_flops_per_s(gpu, head_dim=head_dim, precision=precision, v_head_dim=v_dim) * rate_factor
-    rate *= kernel_rate * (attention_fa1_rate((head_dim + v_dim) / 2.0) if kernel == "flash1" else 1.0)
+    rate *= kernel_rate
+    if kernel == "flash1":
+        rate *= attention_fa1_rate((head_dim + v_dim) / 2.0)
+    elif kernel == "cudnn":
+        rate *= attention_cudnn_rate(gpu.architecture, (head_dim + v_dim) / 2.0, backward=backward)
     compute_s = work_flops / rate
     bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:

@@ -30,7 +30,7 @@ DEFAULT_FRAMEWORK = {"training": "megatron-core", "serving": "vllm"}
 # number, and the config section where a user overrides it.
 SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
     "training": {
-        "attention_kernel": ("training", ("flash", "flash2", "flash1", "unfused")),
+        "attention_kernel": ("training", ("flash", "flash2", "flash1", "cudnn", "unfused")),
         "grad_reduce_dtype": ("training", ("auto", "fp32", "bf16", "16bit")),
         "main_grad_accumulation": ("training", ("fused", "unfused", "none", "flat_param")),
         "optimizer_kernels": ("training", ("fused", "per_op")),

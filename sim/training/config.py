@@ -54,7 +54,7 @@ PARALLEL_KEYS = (
     "overlap_slowdown",
     "stage_groups",
 )
-ATTENTION_KERNELS = ("flash", "flash2", "flash1", "unfused")
+ATTENTION_KERNELS = ("flash", "flash2", "flash1", "cudnn", "unfused")
 # bytes per gradient element of the data-parallel reduction (and of the main-grad buffer it reduces)
 GRAD_REDUCE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 
@@ -106,7 +106,9 @@ class TrainingSetup:
     plan: ParallelPlan
     # "flash" (FlashAttention-2 / cuDNN fused) | "flash2" (the flash-attn 2 library kernel: the FA2
     # rate, no calibration rows) | "flash1" (a FlashAttention-1-class fused kernel, e.g. the 2022
-    # Triton kernel) | "unfused" (scores materialised)
+    # Triton kernel) | "cudnn" (cuDNN fused attention, Transformer Engine's choice on Hopper: its
+    # measured rate relative to FA2 there, hardware.cost.attention_cudnn_rate) | "unfused" (scores
+    # materialised)
     attention_kernel: str
     dp_comm_overlap: bool  # gradient reduce overlapped with backward (Megatron --overlap-grad-reduce)
     expert_load_imbalance: float  # busiest expert's tokens / mean

@@ -187,7 +187,7 @@ def layer_passes(
         causal=causal,
         fused_attention=setup.fused_attention,
     )
-    if setup.attention_kernel in ("flash1", "flash2"):  # hardware.cost.ATTENTION_KERNELS
+    if setup.attention_kernel in ("flash1", "flash2", "cudnn"):  # hardware.cost.ATTENTION_KERNELS
         forward = [replace(op, kernel=setup.attention_kernel) if op.kind == "attention" else op for op in forward]
     if job.dropout > 0.0:
         forward = with_dropout(setup, forward)

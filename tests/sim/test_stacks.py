@@ -47,7 +47,7 @@ def test_framework_selects_the_profile_and_config_keys_override_it() -> None:
     assert (old.framework, old.attention_kernel, old.dp_comm_overlap, old.main_grad_accumulation) == (
         "megatron-2021", "unfused", False, "unfused")
     default = parse_training(_config())
-    assert default.framework == "megatron-core" and default.attention_kernel == "flash" and default.dp_comm_overlap
+    assert default.framework == "megatron-core" and default.attention_kernel == "cudnn" and default.dp_comm_overlap
     mixed = parse_training({**_config(framework="megatron-2021", attention_kernel="flash"),
                             "parallel": {"tp": 1, "pp": 1, "dp_comm_overlap": True}})
     assert mixed.attention_kernel == "flash" and mixed.dp_comm_overlap and mixed.main_grad_accumulation == "unfused"
@@ -613,9 +613,31 @@ def test_nemo_stacks_run_the_flash_attn_2_kernel_not_the_calibrated_rows() -> No
         assert setup.attention_kernel == "flash2" and setup.fused_attention
         attention = [op for op in layer_passes(setup, moe=False)[0] if op.kind == "attention"]
         assert attention and all(op.kernel == "flash2" for op in attention)
-    assert parse_training(_h100_fp8(framework="megatron-core")).attention_kernel == "flash"
-    with pytest.raises(ConfigError, match="flash2"):
+    assert parse_training(_h100_fp8(framework="megatron-core")).attention_kernel == "cudnn"
+    with pytest.raises(ConfigError, match="flash2, flash1, cudnn"):
         parse_training(_h100_fp8(framework="nemo", attention_kernel="flash4"))
+
+
+def test_megatron_core_and_bridge_run_cudnn_fused_attention_not_the_calibrated_rows() -> None:
+    # Transformer Engine >= 1.2 gives cuDNN FusedAttention preference over flash-attn on sm90 and
+    # neither stack overrides it: the cuDNN kernel at its measured H100 rate relative to FA2, whatever
+    # the calibration profile (its attention rows time TensorRT-LLM's FMHA)
+    from hardware import cost
+    from hardware.catalog import analytic_gpu
+
+    for framework in ("megatron-core", "megatron-bridge"):
+        setup = parse_training(_h100_fp8(framework=framework))
+        assert setup.attention_kernel == "cudnn" and setup.fused_attention
+        attention = [op for op in layer_passes(setup, moe=False)[0] if op.kind == "attention"]
+        assert attention and all(op.kernel == "cudnn" for op in attention)
+        shipped = setup.cluster.gpu
+        assert shipped.calibration is not None
+        op = attention[0]
+        args = dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, precision="bf16",
+                    bytes_per_element=2, kernel="cudnn", kernel_rate=op.kernel_rate)
+        for backward in (False, True):
+            assert (cost.attention_time_s(shipped, op.sequences, backward=backward, **args)
+                    == cost.attention_time_s(analytic_gpu(shipped.name), op.sequences, backward=backward, **args))
 def test_megatron_ddp_grad_buffer_passes_cost_four_passes_over_the_whole_buffer() -> None:
     """Megatron-Core's DDP (``grad_buffer_passes = "megatron_ddp"``) zeroes, NaN-checks and pre-scales
     the rank's whole fp32 gradient buffer each iteration under the distributed optimizer (ZeRO 1):
