@@ -325,6 +325,15 @@ INFLIGHT_NOTES = (
     "(the A100 tables keep their sustained-clock fit): not modelled is any per-sequence part of the 0.14 executor's "
     "host work (its batch manager was closed source, NVIDIA/TensorRT-LLM issue #2349; the decode-bound TP1 rows "
     "would need ~9 us per sequence per step at 1,000 requests), whose size has no public source",
+    "candidates for the common optimism, none added for want of a public size: (1) less KV memory than modelled "
+    "(CUDA context, the TensorRT engine's real activation pool for max_num_tokens, runtime buffers): most rows are "
+    "KV-bound and the sensitivity per GiB less KV per GPU differs by row (70B TP2 1000/1000 about -7 points, "
+    "8B TP1 1000/1000 about -1, 70B TP4 5000/500 about -0.5), so no single fixed overhead fits; the max_batch_size "
+    "x vocab fp32 logits and decoder buffers are 0.1-0.5 GB at these engines' batch sizes and already counted once "
+    "in the workspace; (2) the decoder's sampling passes are priced (sampler op) and under 2 % of a step; "
+    "(3) per-sequence host work would have to be ~10 us (8B 1000/1000), ~20 us (70B TP8 1000/1000) and ~170 us "
+    "(70B TP2 1000/1000) per sequence per step, not one size; (4) XQA reading KV slower than the 2.9 TB/s "
+    "modelled would help the 8B rows (attention 63 % of their decode step) but not the weight- or GEMM-bound 70B rows",
 )
 
 
