@@ -27,6 +27,11 @@ def test_every_published_row_is_present_and_cited() -> None:
     rows = [r for r in load_rows() if r.benchmark == "static"]
     inflight = [r for r in load_rows() if r.benchmark == "inflight"]
     assert len(inflight) == 16 and all(r.framework == "trtllm" for r in inflight)
+    # each in-flight row queues the benchmark's own number of requests: the 0.14 perf-overview's
+    # $num_requests table (docs/source/performance/perf-overview.md, "Preparing a Dataset")
+    num_requests = {(128, 128): 30000, (2048, 128): 3000, (2048, 2048): 1500, (5000, 500): 1500,
+                    (1000, 1000): 3000, (500, 2000): 3000}
+    assert all(r.batch == num_requests[r.input_tokens, r.output_tokens] for r in inflight)
     metrics = [r.metric for r in rows]
     assert metrics.count("output_tokens_per_s_per_gpu") == 24  # TensorRT-LLM v0.9.0 throughput table
     assert metrics.count("first_token_latency_s") == 12  # 6 models x 2 input lengths
@@ -150,16 +155,17 @@ def test_trtllm_bench_engine_settings_follow_its_build_heuristic() -> None:
 
 
 def test_trtllm_014_inflight_rows_and_the_kv_cliff() -> None:
-    # TensorRT-LLM 0.14 trtllm-bench rows through the user path: the issue's 10 % target is not met
-    # (12.1 %, worst 22.8 %), the bounds stop regressions; the KV-capacity cliff of 70B on two H100 is
+    # TensorRT-LLM 0.14 trtllm-bench rows through the user path, each at the benchmark's own request count:
+    # the issue's 10 % target is not met (10.1 %, worst +21.5 %, every row over-predicted), the bounds stop
+    # regressions; the KV-capacity cliff of 70B on two H100 is
     # reproduced; the shipped profile does not make the suite worse than the analytic defaults (issue 9)
     from validation.serving_suite import INFLIGHT_THRESHOLDS, run_serving_inflight_suite
 
     report = run_serving_inflight_suite()
     assert not report.failures(), report.failures()
-    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.090 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.155
+    assert INFLIGHT_THRESHOLDS[0].max_mape <= 0.102 and INFLIGHT_THRESHOLDS[0].max_row_error <= 0.216
     (cliff,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp2 1000/1000"]
-    assert abs(cliff.error) <= 0.18  # +15.4 %: over-predicted as the other large-batch rows
+    assert abs(cliff.error) <= 0.18  # +17.6 %: over-predicted as the other large-batch rows
     (four,) = [c for c in report.comparisons if c.row == "trtllm llama3-70b tp4 1000/1000"]
     assert four.predicted > 2 * cliff.predicted  # the cliff: 2 GPUs hold only a few sequences' KV
     off = run_serving_inflight_suite(calibration="none")
