@@ -212,6 +212,20 @@ def _bus_bandwidth_Bps(links: GroupLinks) -> float:
     return inter if links.ranks_per_node <= 1 else min(intra, inter)
 
 
+def network_floor_s(kind: Collective, message_bytes: float, links: GroupLinks) -> float:
+    """A lower bound on an all-reduce, reduce-scatter or all-gather across nodes, whatever the algorithm:
+    each node must send (reduce-scatter, all-reduce) or receive (all-gather) the (n - 1)/n of the buffer
+    that other ranks hold, at no more than the group's large-message network bandwidth; no latency,
+    pipeline fill or slower protocol. (A ring all-reduce moves twice that; a tree or in-network
+    reduction can come closer to it.) Zero for a group inside one node (NVLink, not the network)."""
+    kind = _check(kind, message_bytes, links)
+    if kind not in (Collective.ALL_REDUCE, Collective.REDUCE_SCATTER, Collective.ALL_GATHER):
+        raise ValueError(f"network_floor_s: {kind} is not all_reduce, reduce_scatter or all_gather")
+    if links.num_nodes <= 1 or message_bytes <= 0:
+        return 0.0
+    return (links.size - 1) / links.size * message_bytes / _bus_bandwidth_Bps(links)
+
+
 def num_channels(links: GroupLinks) -> int:
     """Rings NCCL builds for this group: one per 12.5 GB/s of the bottleneck link rate (two per
     NVLink inside a node; across nodes the node's NIC rate), at least 1, at most MAXCHANNELS = 32."""

@@ -17,6 +17,7 @@ from hardware.collectives import (
     bus_bandwidth_Bps,
     collective_time_s,
     default_algorithm,
+    network_floor_s,
     num_channels,
     pipeline_fill_bytes,
     ring_alpha_beta_time_s,
@@ -272,3 +273,21 @@ def test_mid_size_busbw_below_plateau_on_a100() -> None:
     plateau = bus_bandwidth_Bps(Collective.ALL_REDUCE, 16 * GiB, links)
     for size in (64 * MiB, 128 * MiB, 256 * MiB):
         assert 0.70 <= bus_bandwidth_Bps(Collective.ALL_REDUCE, size, links) / plateau <= 0.90
+
+
+# ---------- network floor ----------
+def test_network_floor_is_the_cross_node_share_at_the_nic_rate() -> None:
+    # 4 nodes x 8 ranks, 10 GB/s NIC per rank at efficiency 0.5: 40 GB/s per node; 1 GB all-gather:
+    # each node must receive 31/32 of it -> 0.96875 GB / 40 GB/s
+    links = _ideal(32, num_nodes=4, ranks_per_node=8, inter_efficiency=0.5, intra_efficiency=1.0)
+    assert network_floor_s(Collective.ALL_GATHER, 1e9, links) == pytest.approx(31 / 32 * 1e9 / 40e9, rel=1e-12)
+    # an all-reduce's floor is a reduce-scatter's (in-network reduction sends each byte once), not a ring's 2x
+    assert network_floor_s(Collective.ALL_REDUCE, 1e9, links) == network_floor_s(Collective.REDUCE_SCATTER, 1e9, links)
+    # never above what the model prices, for every algorithm it can run
+    for kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
+        for algorithm in available_algorithms(kind, links):
+            assert network_floor_s(kind, 1e9, links) < collective_time_s(kind, 1e9, links, algorithm)
+    # inside one node there is no network floor; all-to-all has none defined
+    assert network_floor_s(Collective.ALL_GATHER, 1e9, _ideal(8)) == 0.0
+    with pytest.raises(ValueError, match="network_floor_s"):
+        network_floor_s(Collective.ALL_TO_ALL, 1e9, links)

@@ -78,17 +78,32 @@ def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
 
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
-    # published-training.md A9-A11 and A13 through the user path; the 7 % target is not met
+    # published-training.md A9-A13 through the user path; the 7 % target is not met
     # (9.3 %, signed -8.4 %): these bounds only stop regressions, MISSING_MECHANISMS says why
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
-    assert len(modern.rows("iteration_time_s")) == 24
-    assert not modern.failures(), modern.failures()
+    assert len(modern.comparisons) == 32
+    des = run_training_modern_suite(fidelity="des")
+    assert not des.failures() and not modern.failures(), (des.failures(), modern.failures())
+    # the torchtitan rows (FSDP2, one stage): the analytic fidelity follows the DES's FSDP stream op by op
+    des_errors = {c.row: c.error for c in des.comparisons}
+    for c in modern.comparisons:
+        if c.row.startswith("titan-"):
+            assert c.error == pytest.approx(des_errors[c.row], abs=0.001), c.row
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
-        "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry"}
+        "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.054 and MODERN_THRESHOLDS[0].max_row_error <= 0.123
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.062 and MODERN_THRESHOLDS[0].max_row_error <= 0.123
+    # the torchtitan Llama 2 70B local-batch-1 row (+73.6 % at the EFA bandwidth measured on p4d) is the one row
+    # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
+    # on that network; the other 31 rows are counted
+    excluded = {c.row for c in des.comparisons if c.excluded}
+    assert excluded == {c.row for c in modern.comparisons if c.excluded} == {"titan-llama2-70b-op-ac"}
+    assert len(des.rows("iteration_time_s")) == 31
+    assert 0.73 < des_errors["titan-llama2-70b-op-ac"] < 0.737
+    assert all(0.05 < e < 0.123 for row, e in des_errors.items()  # the seven other torchtitan rows: all slow on EFA
+               if row.startswith("titan-") and row != "titan-llama2-70b-op-ac")
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
     # Megatron-Core's skip_bias_add bias gradients and TE 1.x's flash-attn layout copies (NeMo 24.07) bring
@@ -128,3 +143,25 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert all(dtype in (None, "16bit") for dtype in reduce.values())
     foundry = [c for c in modern.comparisons if c.row.startswith("foundry")]
     assert {parse_training(c.config).grad_reduce_dtype for c in foundry} == {"bf16"}
+
+
+def test_network_floor_rule_counts_every_row_it_can_and_reports_the_one_it_cannot() -> None:
+    # the floor of the torchtitan Llama 2 70B FSDP row (64 A100 on 8 p4de nodes, dp 64): fp32 gradients
+    # reduce-scattered once and bf16 parameters gathered once, 63/64 of each through each node's 4 x 12.5 GB/s
+    # EFA at the measured 0.59: 6 bytes x 68.98e9 x 63/64 / 29.5 GB/s = 13.81 s, above the published 11.54 s
+    from sim.training.config import parse_training
+    from validation.training_suite import (_read, data_parallel_network_floor_s, network_floor_exclusion,
+                                           published_iteration_time_s, row_config)
+
+    rows = {r["row"]: r for r in _read("training_modern.csv")}
+    config = row_config(rows["titan-llama2-70b-op-ac"])
+    params = parse_training(config).model.total_parameters()
+    floor = data_parallel_network_floor_s(config)
+    assert floor == pytest.approx(6.0 * params * 63 / 64 / (4 * 12.5e9 * 0.59), rel=1e-6)  # stage params ~ total
+    assert 13.80 < floor < 13.82
+    assert "below the 13.81 s" in network_floor_exclusion(config, published_iteration_time_s(rows["titan-llama2-70b-op-ac"], config))
+    # the same row at local batch 2 (full AC, 23.21 s published) clears it and is counted
+    full = rows["titan-llama2-70b-full-ac"]
+    assert network_floor_exclusion(row_config(full), published_iteration_time_s(full, row_config(full))) == ""
+    # a data-parallel group inside one node has no network floor (8 H100 FSDP, llm-foundry)
+    assert data_parallel_network_floor_s(row_config(rows["foundry-mpt-3b-h100-8"])) == 0.0
