@@ -28,7 +28,7 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
-# Iteration time: regression bounds at today's errors (MAPE 6.4 %, worst 24.8 %: the Megatron-Core
+# Iteration time: regression bounds at today's errors (MAPE 6.4 %, worst 25.1 %: the Megatron-Core
 # H100 32B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
@@ -38,8 +38,12 @@ THRESHOLDS = (
     # rows 16B-462B went from -5.5..+2.3 % to +1.7..+10.8 % (32B +22.8 -> +27.7 %) while 1.7B / 7.1B
     # improved (-16.3 / -13.6 -> -12.0 / -8.0 %) and the 24 training-modern rows went 9.0 -> 6.4 %. Tightened
     # 6.6 % / 28 % -> 6.5 % / 25 % by cuDNN fused attention, which Transformer Engine >= 1.2 runs on Hopper
-    # (attention_kernel "cudnn" on megatron-core): 6.5 -> 6.4 %, 32B +27.7 -> +24.8 %, signed +0.3 -> -0.7 %
-    Threshold(metric="iteration_time_s", max_mape=0.065, max_row_error=0.25),
+    # (attention_kernel "cudnn" on megatron-core): 6.5 -> 6.4 %, 32B +27.7 -> +24.8 %, signed +0.3 -> -0.7 %.
+    # Worst row loosened 25 % -> 25.2 % by attention dropout priced on the kernel time, not the wall time,
+    # of NVIDIA/TransformerEngine#3312 (sim.training.costs.ATTENTION_DROPOUT_RATE 0.967 -> 0.896): the nine
+    # Megatron-Core H100 rows +0.3..+0.9 points (1.7B / 7.1B -18.5 / -12.6 -> -17.6 / -11.9 %, 32B
+    # +24.8 -> +25.1 %), MAPE 6.36 -> 6.35 %, signed -0.7 -> -0.6 %
+    Threshold(metric="iteration_time_s", max_mape=0.065, max_row_error=0.252),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -282,14 +286,16 @@ def memory_comparisons() -> list[Comparison]:
 # flash-attn layout copies; 6.0 / 12.2 % with those copies in the MLPerf code's TE 0.8 / 09ba8427, attention_layout
 # flash_bshd on nemo-1.17 / nemo-1.20: its five rows -3.1..-7.9 %; 5.3 / 12.2 %, signed -3.4 %, with cuDNN fused
 # attention on Megatron-Bridge (TE 2.x on Hopper, attention_kernel "cudnn"): bridge-llama3-8b / 70b +10.4 / +11.5 ->
-# -0.0 / +5.6 %; with the eight torchtitan A100 rows of A12 on the assumed p4de EFA nodes at an efficiency
+# -0.0 / +5.6 %; 5.2 / 11.8 %, signed -3.3 %, with attention dropout priced on TE#3312's kernel time rather than
+# its wall time, ATTENTION_DROPOUT_RATE 0.967 -> 0.896: nemo-gpt3-5b / 20b -12.2 / -7.0 -> -11.2 / -6.3 %,
+# 175b +5.0 / +5.1 -> +5.4 / +5.5 %; with the eight torchtitan A100 rows of A12 on the assumed p4de EFA nodes at an efficiency
 # transferred from HDR InfiniBand (0.90): -5.1..+2.1 % but the Llama 2 70B per-op-AC row at local batch 1, +15.0 %;
 # with the EFA efficiency measured on p4d (0.59, NVIDIA/nccl#527): seven rows +5.3..+12.2 %, and that row +73.6 %,
 # reported but not counted (its published step is shorter than its data-parallel traffic's floor on that network,
 # network_floor_exclusion): 6.1 / 12.2 %, signed -0.6 % over the 31 counted rows. Every row must fit (require_fit).
 MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.062, max_row_error=0.123),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 3.4 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are +5.3..+12.2 % slow on the measured EFA bandwidth, and the 31 counted rows -0.6 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
+    "rows of the 2023-25 stacks are predicted 3.3 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are +5.3..+12.2 % slow on the measured EFA bandwidth, and the 31 counted rows -0.6 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
     "pytorch/ao#2377), priced on H100/H200 from the measured TensorRT-LLM fp8 GEMM tables less their activation "
     "quantization; llm-foundry's FA1-class Triton attention (FA1's measured fraction of FA2 at the head dim: 0.464 at 128) and per-op Composer AdamW; bf16 gradient buffers; data-parallel collectives holding one SM per NCCL channel of their group (32 inside an H100 node: FSDP on 8 H100); torch FSDP1's FlatParameter gradient copy and predivide, and the 16-bit reduction of Composer's DEFAULT mixed precision before v0.16.4; "
@@ -302,7 +308,7 @@ MISSING_MECHANISMS = (
     "overlap GEMM by GEMM (ring-exchange GEMMs in tp chunks of m/tp rows, pipeline GEMMs in 4 chunks, bulk GEMMs "
     "on the SMs the 16-SM communication kernel leaves) and the sequence-parallel re-gather of each TP GEMM's input "
     "for its weight gradient; hidden and attention dropout where the recipe sets it (NeMo GPT-3: 0.1; the "
-    "bias-dropout-add masks and cuDNN attention at 0.594/0.614 of its rate, NVIDIA/TransformerEngine#3312); the flash-attn 2 library kernel at the FA2 rate for NeMo 24.07 (its launcher sets NVTE_FUSED_ATTN=0) and MLPerf v3.1 (flash-attn 2.0.8 ahead of cuDNN), not the profiles' TensorRT-LLM attention rows; cuDNN fused attention for Megatron-Bridge (NeMo 25.11: TE 2.x gives FusedAttention preference on Hopper and the recipes keep attention_backend auto) at its H100 rate relative to FA2 from the FlashAttention-3 paper's cuDNN bars (1.61x forward, 1.57x backward at head dim 128; attention_kernel cudnn): bridge-llama3-8b / 70b +10.4 / +11.5 -> -0.0 / +5.6 %, 6.0 -> 5.3 %, signed -2.7 -> -3.4 %; fp8 weight casts (cast + transpose, 4 bytes per weight) once per step, in the first micro-batch (is_first_microbatch); TE 1.x's blocking amax all-reduce over the stage's ranks in each chunk's forward and backward (NeMo 24.07). The NeMo GPT-3 rows run the 24.07 launcher configs: no activation recompute, and no TP overlap for 175B (ub_tp_comm_overlap: False), with biases (NeMo's bias: True): Megatron-Core adds the output-projection and MLP biases in bias_dropout_add / bias_gelu and autograd reduces their gradients in column sums of their own (linear_bias skip_bias_add), and TE 1.x's flash-attn backend copies Q, K, V into [b, s] order and (micro-batch > 1) its output back (attention_layout flash_bshd): nemo-gpt3-5b -14.8 -> -12.2 %, 20b -9.1 -> -7.0 %, 175b +4.0 / +3.8 -> +5.0 / +5.1 %. The same FlashAttention code in the MLPerf v3.0 / v3.1 TE (release_v0.8, 09ba8427) copies the packed QKV into [b, s] order and, behind TransformerLayer's no-op split backward, its gradient back (fa_prepare_fwd / fa_prepare_bwd, 75.5 MB each way per layer per micro-batch on a TP4 rank; no output copy at micro-batch 1; attention_layout flash_bshd on nemo-1.17 / nemo-1.20): the five MLPerf rows -7.1 / -7.4 / -3.9 / -8.2 / -8.7 -> -6.3 / -6.7 / -3.1 / -7.4 / -7.9 %, 6.1 -> 6.0 %. "
+    "bias-dropout-add masks and the fused attention kernel at 0.896 of its rate: NVIDIA/TransformerEngine#3312's +0.020 ms for dropout 0.1 on H200 cuDNN over this model's 0.172 ms kernel price of that shape, not over its 0.594 ms wall time, 29 % kernels: nemo-gpt3-5b / 20b -12.2 / -7.0 -> -11.2 / -6.3 %, 175b +5.0 / +5.1 -> +5.4 / +5.5 %); the flash-attn 2 library kernel at the FA2 rate for NeMo 24.07 (its launcher sets NVTE_FUSED_ATTN=0) and MLPerf v3.1 (flash-attn 2.0.8 ahead of cuDNN), not the profiles' TensorRT-LLM attention rows; cuDNN fused attention for Megatron-Bridge (NeMo 25.11: TE 2.x gives FusedAttention preference on Hopper and the recipes keep attention_backend auto) at its H100 rate relative to FA2 from the FlashAttention-3 paper's cuDNN bars (1.61x forward, 1.57x backward at head dim 128; attention_kernel cudnn): bridge-llama3-8b / 70b +10.4 / +11.5 -> -0.0 / +5.6 %, 6.0 -> 5.3 %, signed -2.7 -> -3.4 %; fp8 weight casts (cast + transpose, 4 bytes per weight) once per step, in the first micro-batch (is_first_microbatch); TE 1.x's blocking amax all-reduce over the stage's ranks in each chunk's forward and backward (NeMo 24.07). The NeMo GPT-3 rows run the 24.07 launcher configs: no activation recompute, and no TP overlap for 175B (ub_tp_comm_overlap: False), with biases (NeMo's bias: True): Megatron-Core adds the output-projection and MLP biases in bias_dropout_add / bias_gelu and autograd reduces their gradients in column sums of their own (linear_bias skip_bias_add), and TE 1.x's flash-attn backend copies Q, K, V into [b, s] order and (micro-batch > 1) its output back (attention_layout flash_bshd): nemo-gpt3-5b -14.8 -> -12.2 %, 20b -9.1 -> -7.0 %, 175b +4.0 / +3.8 -> +5.0 / +5.1 %. The same FlashAttention code in the MLPerf v3.0 / v3.1 TE (release_v0.8, 09ba8427) copies the packed QKV into [b, s] order and, behind TransformerLayer's no-op split backward, its gradient back (fa_prepare_fwd / fa_prepare_bwd, 75.5 MB each way per layer per micro-batch on a TP4 rank; no output copy at micro-batch 1; attention_layout flash_bshd on nemo-1.17 / nemo-1.20): the five MLPerf rows -7.1 / -7.4 / -3.9 / -8.2 / -8.7 -> -6.3 / -6.7 / -3.1 / -7.4 / -7.9 %, 6.1 -> 6.0 %. "
     "The H100's sustained clock under its 700 W limit, 1,660 of 1,830 MHz (catalog sustained_clock_source: the "
     "aiconfigurator tables' long-burst rows, Azure's sustained fp8 cuBLASLt table), prices every GEMM; the "
     "shipped H100 profile is fitted at the boost clock its short-burst tables ran at (gemm_clock): 9.0 -> 6.4 %, "
@@ -329,18 +335,22 @@ MISSING_MECHANISMS = (
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",
 )
 TRAINING_NOTES = (
-    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 0.7 % too fast on average (all run "
+    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 0.6 % too fast on average (all run "
     "Megatron's default hidden and attention dropout 0.1, modelled; the Megatron-Core rows pay its DDP's zeroing, "
     "NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, grad_buffer_passes, and the "
     "concatenation of the QKV split's gradients with Transformer Engine's copy of V after RoPE, qkv_split); the "
-    "H100 1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 18 and 13 % fast and nothing sourced explains the rest "
+    "H100 1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 18 and 12 % fast and nothing sourced explains the rest "
     "(host dispatch, modelled at 13.48 us per op from torch.nn.Linear's forward on a DGX H100 host, TransformerEngine#2053, does not bind at their shapes: it would take about 145 us per modelled op to explain the 1.7B row; their memory-bound kernels are priced at 2.2-2.6 TB/s, near the "
     "H100's modelled stream rate; their attention runs cuDNN fused attention, which Transformer Engine >= 1.2 "
     "prefers on Hopper (attention_kernel cudnn, at the FlashAttention-3 paper's H100 cuDNN / FA2 ratios, 1.61x "
     "forward and 1.57x backward at head dim 128), and that made them faster still: -12.0 / -8.0 -> -18.5 / -12.6 %, "
-    "while the 16B-462B rows moved -1.5 to -3.0 points, 32B +27.7 -> +24.8 %; NVIDIA/TransformerEngine#3312's "
-    "0.594 / 0.614 ms cuDNN forward + backward is 4 sequences of 1,024 tokens, a quarter of the 1.7B layer's "
-    "attention work, not its shape); "
+    "while the 16B-462B rows moved -1.5 to -3.0 points, 32B +27.7 -> +24.8 %. Attention dropout is not the rest: "
+    "NVIDIA/TransformerEngine#3312's 0.594 / 0.614 ms cuDNN forward + backward (4 sequences of 1,024 tokens on H200) "
+    "is 71 % outside the kernels by this model's 0.172 ms kernel price, so its +0.020 ms is priced on the "
+    "kernel time, 0.896 of the kernel's rate instead of 0.967: 1.7B / 7.1B -18.5 / -12.6 -> -17.6 / -11.9 %, the "
+    "other seven +0.2..+0.4 points, 32B +25.1 %; even FlashAttention-1's A100 compute-bound 0.806 (arXiv 2205.14135 "
+    "Tables 17 / 20, head dim 64) would leave the 1.7B at -16.2 %: its attention is 13 % of the modelled step, and "
+    "closing the row would take a rate of 0.37); "
     "the 32B row (TP 8: its data-parallel group spans 48 nodes with one GPU "
     "each) is 25 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.28 s after the last "
     "micro-batch's backward. Its published rate cannot be reached at the micro-batch 1 the row assumes (the "

@@ -7,12 +7,13 @@ import copy
 
 import pytest
 
-from hardware.cost import memory_op_time_s
+from hardware.catalog import get_gpu
+from hardware.cost import attention_time_s, launch_overhead_s, memory_op_time_s
 from sim.cli import main
 from sim.config import with_overrides
 from sim.training.config import parse_training
 from sim.training.costs import (
-    ATTENTION_DROPOUT_RATE, HIDDEN_DROPOUT_BACKWARD_EXTRA_BYTES, HIDDEN_DROPOUT_FORWARD_BYTES, HIDDEN_DROPOUT_SITES,
+    ATTENTION_DROPOUT_EXTRA_MS, ATTENTION_DROPOUT_KERNEL_MS, ATTENTION_DROPOUT_RATE, HIDDEN_DROPOUT_BACKWARD_EXTRA_BYTES, HIDDEN_DROPOUT_FORWARD_BYTES, HIDDEN_DROPOUT_SITES,
     layer_passes,
 )
 
@@ -52,6 +53,20 @@ def test_dropout_adds_the_mask_bytes_and_slows_only_the_attention_kernel() -> No
     gpu = setup.cluster.gpu
     site = on["residual"]
     assert memory_op_time_s(gpu, site.bytes_moved) > memory_op_time_s(gpu, off["residual"].bytes_moved)
+
+
+def test_attention_dropout_rate_is_te3312s_extra_time_over_the_models_kernel_time() -> None:
+    # NVIDIA/TransformerEngine#3312, H200 sbhd: 0.594 -> 0.614 ms with attention_dropout 0.1, 4 x 1,024
+    # tokens, 16 heads, head dim 128, bf16, TE's default causal mask, cuDNN fused attention
+    gpu = get_gpu("h200-sxm-141gb")
+    shape = dict(heads=16, kv_heads=16, head_dim=128, precision="bf16", bytes_per_element=2.0, causal=True, kernel="cudnn")
+    kernel_s = sum(attention_time_s(gpu, [(1024, 1024)] * 4, backward=b, **shape) - launch_overhead_s(gpu) for b in (False, True))
+    assert kernel_s * 1e3 == pytest.approx(ATTENTION_DROPOUT_KERNEL_MS, abs=5e-5)
+    assert kernel_s / 0.594e-3 == pytest.approx(0.289, abs=1e-3)  # the wall time is mostly not the kernels
+    assert ATTENTION_DROPOUT_EXTRA_MS == pytest.approx(0.020, abs=1e-12)
+    assert ATTENTION_DROPOUT_RATE == pytest.approx(0.1716 / 0.1916, rel=1e-12)
+    assert ATTENTION_DROPOUT_RATE == pytest.approx(0.8956, abs=5e-5)
+    assert ATTENTION_DROPOUT_RATE < 0.594 / 0.614  # the wall-time ratio under-prices the kernel's dropout
 
 
 def test_only_whether_dropout_is_on_changes_the_time() -> None:
