@@ -418,6 +418,13 @@ def attention_keys_processed(queries: int, keys: int, *, causal: bool = True) ->
     return float(queries) * keys
 
 
+def single_query_keys_processed(num_sequences: int, key_tokens: int, *, causal: bool = True) -> float:
+    """``attention_keys_processed(1, kv)`` summed over ``num_sequences`` single-query sequences
+    (decodes) of ``key_tokens`` keys in all: kv - 1 useful keys before the query, its own key and half
+    a diagonal tile, kv + 1/2 each (kv without causal masking). Exact while below 2^52."""
+    return key_tokens + num_sequences / 2.0 if causal else float(key_tokens)
+
+
 def attention_time_from_totals_s(
     gpu: GpuSpec,
     *,

@@ -16,15 +16,13 @@ Ties break on enumeration order, so results do not depend on the executor or the
 from __future__ import annotations
 
 import copy
-import gc
 import hashlib
 import json
 import time
 from array import array
 from collections import Counter
-from contextlib import contextmanager
 from functools import partial
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from hardware import units
 from search.executor import BatchPool
@@ -61,6 +59,7 @@ from search.training_space import (
     enumerate_candidates,
     parse_space,
 )
+from sim.collector import collector_paused
 from sim.errors import ConfigError
 from workloads.errors import InvalidPlanError
 from workloads.plan import stage_layer_counts
@@ -113,30 +112,17 @@ def _feasible(space: TrainingSpace, metrics: Mapping[str, Any], candidate: Candi
     return not light.violates
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """CPython's cyclic garbage collector off for the block, then as it was. A search builds about a
-    million long-lived objects that hold no reference cycles (candidates, their outcomes, memoized
-    prices), and the generational collector re-scans the whole growing set at each full collection:
-    on the 1T / 3,072-A100 example (one process) 16 full collections took 5.0 s and the young ones
-    1.3 s of 48 s CPU. Without them peak memory was the same (1.41 against 1.40 GB) and a collection
-    afterwards found about 3,300 objects in cycles. The pool's worker processes fork inside the
-    block, so they inherit it; nothing computed depends on it."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def search_training(config: Mapping[str, Any], options: SearchOptions) -> TrainingSearchResult:
     if isinstance(config.get("cluster"), dict) and "groups" in config["cluster"]:
         from search.training_hetero import search_hetero_split  # a heterogeneous cluster: its layer split
 
         return search_hetero_split(config, options)  # type: ignore[return-value]
-    with _collector_paused():
+    # a search builds about a million long-lived objects that hold no reference cycles (candidates,
+    # their outcomes, memoized prices): on the 1T / 3,072-A100 example (one process) 16 full
+    # collections took 5.0 s and the young ones 1.3 s of 48 s CPU; without them peak memory was the
+    # same (1.41 against 1.40 GB) and a collection afterwards found about 3,300 objects in cycles.
+    # The pool's worker processes fork inside the block, so they inherit it.
+    with collector_paused():
         return _search_training(config, options)
 
 

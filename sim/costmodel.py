@@ -128,20 +128,7 @@ def _op_time_s(
     if op.kind == "attention":
         if not op.sequences:
             return 0.0
-        return cost.attention_time_s(
-            gpu,
-            op.sequences,
-            heads=op.heads,
-            kv_heads=op.kv_heads,
-            head_dim=op.head_dim,
-            v_head_dim=op.v_head_dim,
-            precision=attention_precision(precision),
-            bytes_per_element=op.bytes_per_element,
-            causal=op.causal,
-            backward=op.backward,
-            kernel_rate=op.kernel_rate,
-            kernel=op.kernel,
-        )
+        return cost.attention_time_s(gpu, op.sequences, **_attention_kernel(op, precision))
     if op.kind == "memory":
         return cost.memory_op_time_s(gpu, op.bytes_moved)
     if op.kind == "collective":
@@ -150,6 +137,31 @@ def _op_time_s(
             return 0.0
         return collective_time(Collective(op.collective), op.message_bytes, group)
     raise ValueError(f"op {op.name}: unknown kind '{op.kind}'")
+
+
+def _attention_kernel(op: Op, precision: str) -> dict[str, object]:
+    """The keyword arguments of the hardware attention cost that describe ``op``'s kernel."""
+    return dict(heads=op.heads, kv_heads=op.kv_heads, head_dim=op.head_dim, v_head_dim=op.v_head_dim,
+                precision=attention_precision(precision), bytes_per_element=op.bytes_per_element, causal=op.causal,
+                backward=op.backward, kernel_rate=op.kernel_rate, kernel=op.kernel)
+
+
+def attention_totals_time_s(
+    op: Op, gpu: GpuSpec, *, precision: str, num_sequences: int, query_tokens: int, key_tokens: int,
+    keys_processed: float,
+) -> float:
+    """``op_time_s`` of the attention ``op`` run over a batch given by its sums instead of its
+    ``sequences`` (which are ignored): ``num_sequences`` sequences of ``query_tokens`` new tokens and
+    ``key_tokens`` keys in all, ``keys_processed`` the sum of ``hardware.cost.attention_keys_processed``.
+    The same float as pricing the sequences (``hardware.cost.attention_time_from_totals_s``), for a
+    caller that sums thousands of sequences faster than a list of them can be built; not counted by
+    ``tally_cost_sources``."""
+    if num_sequences == 0:
+        return 0.0
+    return cost.attention_time_from_totals_s(
+        gpu, computed_keys=keys_processed, query_tokens=query_tokens, key_tokens=key_tokens,
+        num_sequences=num_sequences, **_attention_kernel(op, precision),
+    )
 
 
 def op_flops(op: Op) -> float:

@@ -173,17 +173,19 @@ class InflightScheduler(OrcaScheduler):
         # capacity scheduler: admit while a slot and the whole request's KV are free
         while self.waiting and len(self.running) < limits.max_num_seqs and self._admit_head(now_s):
             pass
-        schedulable = self._schedulable()
         chunks: list[Chunk] = []
         contexts: list[SimRequest] = []
-        for request in schedulable:
-            if request.in_decode:
+        # hot loop (one pass per step over the running requests): ``in_decode`` inlined, methods bound
+        add_chunk, add_context = chunks.append, contexts.append
+        for request in self._schedulable():
+            generated = request.generated
+            if generated and request.prompt_tokens + generated - request.computed == 1:
                 if budget <= 0:
                     break
-                chunks.append(Chunk(request, 1, request.computed, True))
+                add_chunk(Chunk(request, 1, request.computed, True))
                 budget -= 1
             else:
-                contexts.append(request)
+                add_context(request)
         unit = self.blocks.block_size
         for request in contexts:
             if budget <= 0:

@@ -40,9 +40,10 @@ class StepPlan:
     num_tokens: int = field(init=False)
     num_prefill_tokens: int = field(init=False)
     num_decode_tokens: int = field(init=False)
+    num_decode_chunks: int = field(init=False)  # decode chunks (fewer than num_decode_tokens under speculation)
 
     def __post_init__(self) -> None:
-        prefill = decode = 0
+        prefill = decode = decode_chunks = 0
         ids = set()
         for c in self.chunks:
             if c.query_tokens <= 0:
@@ -50,6 +51,7 @@ class StepPlan:
             ids.add(c.request.request_id)
             if c.is_decode:
                 decode += c.query_tokens
+                decode_chunks += 1
             else:
                 prefill += c.query_tokens
         if len(ids) != len(self.chunks):
@@ -61,6 +63,7 @@ class StepPlan:
         object.__setattr__(self, "num_prefill_tokens", prefill)
         object.__setattr__(self, "num_decode_tokens", decode)
         object.__setattr__(self, "num_tokens", prefill + decode)
+        object.__setattr__(self, "num_decode_chunks", decode_chunks)
 
     @property
     def empty(self) -> bool:

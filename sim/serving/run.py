@@ -12,6 +12,7 @@ import numpy as np
 import simpy
 
 from hardware.topology import Cluster
+from sim.collector import collector_paused
 from sim.config import resolve_cluster, resolve_model, section
 from sim.errors import ConfigError
 from sim.notices import warn
@@ -275,7 +276,12 @@ def run(
     if disaggregated:
         decode_router = Router("least_outstanding", system.pools[1].replicas)
     env.process(arrivals(env, requests, lambda r: admit(router, r, rejected)))
-    env.run()
+    # every step allocates a chunk per scheduled request next to the long-lived requests and their
+    # token times: with the collector on, its full collections re-walked them all and took more than
+    # half of a 30,000-request TensorRT-LLM row's CPU time (4.2 of 7.8 s) while freeing nothing (the
+    # run leaves about 500 objects in cycles; peak memory unchanged)
+    with collector_paused():
+        env.run()
     return all_replicas, rejected, events or []
 
 

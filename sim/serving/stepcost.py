@@ -10,12 +10,13 @@ cached per token count; attention is priced per step on the chunks' own (query, 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Sequence
 
-from hardware.cost import launch_overhead_s
+from hardware.cost import attention_keys_processed, launch_overhead_s, single_query_keys_processed
 from hardware.topology import Cluster
-from sim.costmodel import op_time_s, price_ops
-from sim.serving.plan import StepPlan
+from sim.costmodel import attention_totals_time_s, op_time_s, price_ops
+from sim.serving.plan import Chunk, StepPlan
 from workloads.graph import Op, Sharding, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.model import ModelSpec
 from workloads.precision import bytes_per_element
@@ -341,15 +342,54 @@ class StepCostModel:
         return op_time_s(op, self._gpu, precision=self._precision, links=self._links)
 
     def _per_query_head_decode_s(self, decodes: Sequence[tuple[int, int]]) -> float:
-        """One layer's decode attention by a kernel with one thread block per query head: the shared-KV
-        kernel's time (compute, distinct K/V bytes from HBM) or, if longer, every query head's K/V read
-        through L2 at the GPU's measured L2 bandwidth (HBM bandwidth, a lower bound, when not measured)."""
+        """One layer's decode attention by a kernel with one thread block per query head."""
+        return self._per_query_head_bound_s(self._attention_op_s(decodes), sum(kv for _, kv in decodes))
+
+    def _per_query_head_bound_s(self, shared_kv_s: float, keys: int) -> float:
+        """One layer's decode attention over ``keys`` keys by a kernel with one thread block per query
+        head: the shared-KV kernel's time ``shared_kv_s`` (compute, distinct K/V bytes from HBM) or, if
+        longer, every query head's K/V read through L2 at the GPU's measured L2 bandwidth (HBM
+        bandwidth, a lower bound, when not measured)."""
         t = self._attention
         gpu = self._gpu
-        keys = sum(kv for _, kv in decodes)
         l2_bytes = keys * t.heads * (t.head_dim + (t.v_head_dim or t.head_dim)) * t.bytes_per_element
         l2_Bps = gpu.l2_bandwidth_Bps or gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
-        return max(self._attention_op_s(decodes), l2_bytes / l2_Bps + launch_overhead_s(gpu))
+        return max(shared_kv_s, l2_bytes / l2_Bps + launch_overhead_s(gpu))
+
+    def chunks_attention_time_s(self, chunks: Sequence[Chunk]) -> float:
+        """``attention_time_s`` of the chunks' (query, key) pairs, priced from sums over the chunks:
+        a step's thousands of single-query chunks (decodes) are summed in bulk and only the others
+        (prompt chunks, verifications of drafts) one by one, with no list of pairs. The same float:
+        every sum is of integers and half-integers, exact in floating point."""
+        if self._window is not None or self._ep > 1:  # keys capped per sequence, or sequences balanced over groups
+            return self.attention_time_s([(c.query_tokens, c.context_tokens + c.query_tokens) for c in chunks])
+        if not chunks:
+            return 0.0
+        queries = list(map(_query_tokens, chunks))
+        contexts = list(map(_context_tokens, chunks))
+        singles = queries.count(1)
+        others = [] if singles == len(queries) else [(q, c + q) for q, c in zip(queries, contexts) if q != 1]
+        single_keys = sum(contexts) - sum(kv - q for q, kv in others) + singles
+        causal = self._attention.causal
+        single_processed = single_query_keys_processed(singles, single_keys, causal=causal)
+        other_queries = sum(q for q, _ in others)
+        other_keys = sum(kv for _, kv in others)
+        other_processed = 0.0
+        for q, kv in others:
+            other_processed += attention_keys_processed(q, kv, causal=causal)
+        layers = self.shape.model.layers
+        if self.decode_attention == "per_query_head" and singles:
+            decode_s = self._per_query_head_bound_s(
+                self._attention_totals_s(singles, singles, single_keys, single_processed), single_keys)
+            others_s = self._attention_totals_s(len(others), other_queries, other_keys, other_processed)
+            return layers * (decode_s + others_s)
+        return layers * self._attention_totals_s(len(queries), singles + other_queries, single_keys + other_keys,
+                                                 single_processed + other_processed)
+
+    def _attention_totals_s(self, sequences: int, query_tokens: int, key_tokens: int, keys_processed: float) -> float:
+        """One layer's fused attention kernel over a batch given by its sums (0 for no sequences)."""
+        return attention_totals_time_s(self._attention, self._gpu, precision=self._precision, num_sequences=sequences,
+                                       query_tokens=query_tokens, key_tokens=key_tokens, keys_processed=keys_processed)
 
     def cost_sources(self, prompt_tokens: int, output_tokens: int) -> dict[str, float]:
         """Fractions of one request's op time served alone (prefill of ``prompt_tokens``, then
@@ -381,23 +421,19 @@ class StepCostModel:
         if not chunks:
             return self.step_overhead_s
         # positions whose logits are sampled: the last token of each chunk, all k+1 of a verification
-        sequences = []
-        sampled = drafts = 0
-        for c in chunks:
-            q = c.query_tokens
-            sequences.append((q, c.context_tokens + q))
-            if c.is_decode:
-                sampled += q
-                if q - 1 > drafts:
-                    drafts = q - 1
-            else:
-                sampled += 1
-        decode_contexts = [c.context_tokens for c in chunks if c.is_decode] if drafts > 0 else []
+        sampled = plan.num_decode_tokens + len(chunks) - plan.num_decode_chunks
+        drafts = 0
+        decode_contexts: list[int] = []
+        if plan.num_decode_tokens > plan.num_decode_chunks:  # some decode verifies drafts
+            drafts = max(c.query_tokens for c in chunks if c.is_decode) - 1
+            decode_contexts = [c.context_tokens for c in chunks if c.is_decode]
         tokens = plan.num_tokens
         if self.cuda_graph_padding != "none" and plan.num_prefill_tokens == 0 and tokens == len(chunks):
             # a decode-only step of one token per sequence: replayed at the captured batch size
-            tokens = cuda_graph_batch(self.cuda_graph_padding, tokens, max(kv for _, kv in sequences)) or tokens
-        seconds = self.batch_time_s(tokens, sequences, sampled, drafts=drafts, decode_contexts=decode_contexts)
+            longest = max(map(_context_tokens, chunks)) + 1
+            tokens = cuda_graph_batch(self.cuda_graph_padding, tokens, longest) or tokens
+        seconds = self._batch_time_s(tokens, self.chunks_attention_time_s(chunks), len(chunks), sampled,
+                                     drafts=drafts, decode_contexts=decode_contexts)
         if self.api_server_token_overhead_s:
             seconds += self.api_server_token_overhead_s * streamed_tokens(plan)
         if drafts > 0:
@@ -418,7 +454,15 @@ class StepCostModel:
     ) -> float:
         """A step of ``len(sequences)`` requests, given as (query, key) pairs: forward pass, drafting
         of ``drafts`` tokens for the requests decoding at ``decode_contexts``, and CPU overheads."""
-        seconds = self.forward_time_s(tokens, sequences, sampled)
+        return self._batch_time_s(tokens, self.attention_time_s(sequences), len(sequences), sampled,
+                                  drafts=drafts, decode_contexts=decode_contexts)
+
+    def _batch_time_s(
+        self, tokens: int, attention_s: float, requests: int, sampled: int, *, drafts: int,
+        decode_contexts: Sequence[int],
+    ) -> float:
+        """``batch_time_s`` with the attention of its ``requests`` sequences already priced."""
+        seconds = self.token_time_s(tokens) + attention_s + self.head_time_s(sampled)
         self._last_draft_s = 0.0
         if drafts > 0:
             if self.draft is not None:
@@ -427,7 +471,11 @@ class StepCostModel:
             else:
                 self._last_draft_s = seconds * self.draft_free_overhead
             seconds += self._last_draft_s
-        return seconds + self.step_overhead_s + self.request_overhead_s * len(sequences)
+        return seconds + self.step_overhead_s + self.request_overhead_s * requests
+
+
+_query_tokens = attrgetter("query_tokens")
+_context_tokens = attrgetter("context_tokens")
 
 
 def streamed_tokens(plan: StepPlan) -> int:
