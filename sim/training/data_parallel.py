@@ -145,6 +145,13 @@ def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, 
     return params
 
 
+def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
+    """Parameters one rank of ``stage`` holds before any ZeRO sharding: its layers (all its virtual
+    chunks) divided by tp (experts also by ep), plus the embedding on stage 0 and the LM head on the
+    last stage (a tied head is a second copy there when pp > 1, as Megatron keeps it)."""
+    return signature_parameters(setup, stage_signatures(setup)[stage])
+
+
 def flat_gradient_prepare_bytes(setup: TrainingSetup, shard: int) -> float:
     """HBM bytes per gradient element that torch FSDP (``main_grad_accumulation = "flat_param"``)
     moves on its post-backward stream around each unit's reduce-scatter, every micro-batch
