@@ -35,6 +35,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "main_grad_accumulation": ("training", ("fused", "unfused", "none", "flat_param")),
         "optimizer_kernels": ("training", ("fused", "per_op")),
         "grad_buffer_passes": ("training", ("shard", "megatron_ddp")),
+        "fsdp_unit": ("training", ("layer", "chunk")),
         "linear_bias": ("training", ("fused", "unfused", "skip_bias_add")),
         "fp8_recipe": ("training", ("delayed", "current")),
         "fp8_backward_accumulation": ("training", ("split", "fast")),

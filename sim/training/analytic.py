@@ -71,6 +71,10 @@ class DataParallelTimes:
     last_bucket_s: float
     gathers_s: tuple[float, ...]
     buckets: int = 0  # gradient buckets overlapping the backward (len(grad_sync))
+    # FSDP units (``StageWork.param_gather_first_s`` / ``param_gather_tail_share``): per chunk, the
+    # seconds until a gather's first unit is in, and the share of an op's compute after its last unit
+    gather_first_s: tuple[float, ...] = ()
+    gather_tail_share: tuple[float, ...] = ()
 
 
 def chunk_times(chunks: tuple[ChunkWork, ...]) -> ChunkTimes:
@@ -93,7 +97,12 @@ def data_parallel_times(
     param_gather: tuple[CommWork, ...],
     optimizer_s: float,
     serial_grad_sync_s: float = 0.0,
+    gather_first_s: tuple[float, ...] = (),
+    gather_tail_share: tuple[float, ...] = (),
 ) -> DataParallelTimes:
+    """The closed form's view of a stage's data-parallel work; without ``gather_first_s`` every gather
+    is one unit (its first unit is all of it) and no compute waits for its end."""
+    gathers_s = tuple(map(_DURATION, param_gather))
     return DataParallelTimes(
         grad_sync=grad_sync,
         param_gather=param_gather,
@@ -101,8 +110,10 @@ def data_parallel_times(
         serial_grad_sync_s=serial_grad_sync_s,
         grad_sync_s=sum(map(_DURATION, grad_sync)),  # C loop, same order as a generator sum
         last_bucket_s=grad_sync[-1].duration_s if grad_sync else 0.0,
-        gathers_s=tuple(map(_DURATION, param_gather)),
+        gathers_s=gathers_s,
         buckets=len(grad_sync),
+        gather_first_s=gather_first_s or gathers_s,
+        gather_tail_share=gather_tail_share or (0.0,) * len(gathers_s),
     )
 
 
@@ -122,7 +133,8 @@ def _p2p_s(bandwidth_Bps: float, latency_s: float, message_bytes: float) -> floa
 def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     """Iteration time, bubble and exposed communication in closed form."""
     times = [
-        (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s, s.serial_grad_sync_s))
+        (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s, s.serial_grad_sync_s,
+                                                    s.param_gather_first_s, s.param_gather_tail_share))
         for s in work.stages
     ]
     return analytic_iteration_classes(
@@ -383,42 +395,88 @@ def alternates(schedule: str, pp: int, num_microbatches: int, virtual_stages: in
         (kind, mb, 0) for mb in range(num_microbatches) for kind in ("F", "B", "W"))
 
 
+def _held_compute(work_s: float, window_s: float, hold_s: float, tail_share: float, slowdown: float) -> tuple[float, float]:
+    """(end, end without the hold) of ``work_s`` of compute started at 0 beside a data-parallel stream
+    busy until ``window_s`` (``compute_beside_communication``), whose last ``tail_share`` waits for
+    its chunk's last FSDP unit, gathered at ``hold_s`` (``pipeline_des``'s rule)."""
+    inside, left = compute_beside_communication(work_s, window_s, slowdown)
+    whole = inside + left
+    if hold_s <= 0.0 or tail_share <= 0.0:
+        return whole, whole
+    inside, left = compute_beside_communication((1.0 - tail_share) * work_s, window_s, slowdown)
+    if inside + left >= hold_s:
+        return whole, whole
+    rest = window_s - hold_s
+    tail = tail_share * work_s
+    if rest > 0.0:
+        inside, left = compute_beside_communication(tail, rest, slowdown)
+        return hold_s + inside + left, whole
+    return hold_s + tail, whole
+
+
 def fsdp_alternating_s(
     forward_s: float, backward_s: float, gather_s: float, grad_sync_s: float, last_bucket_s: float, buckets: int,
-    num_microbatches: int, overlap_slowdown: float,
+    num_microbatches: int, overlap_slowdown: float, first_unit_s: float | None = None, tail_share: float = 0.0,
 ) -> float:
     """Compute and FSDP stream of one stage running F0 B0 F1 B1 ... (one chunk, fused backward), from
     the first gather to the end of the last backward or of the stream after it, whichever is later.
 
-    The DES's rules (``pipeline_des``) followed op by op on the one FIFO data-parallel stream: the
-    first F waits for its gather; each op issues the next op's gather when it starts; every B spreads
-    its ``buckets`` reduce-scatters over its work (bucket q ready at (q + 1) / buckets of it). So F_i
-    hides the buckets B_(i-1) left over plus the gather of B_i, and B_i (the stream is free when it
-    starts: it waited for its own gather, the last kernel queued) the gather of F_(i+1) and its
-    buckets, which end at max(gather + all of them, first ready + all of them, B + the last one).
-    Compute beside the stream runs ``overlap_slowdown`` times slower (``compute_beside_communication``;
-    a B overlaps all its buckets but the last). Exact without a slowdown when the buckets are equal; with one, B's buckets are
-    taken as running from its start (they run as they become ready), so it is a little long when
-    the buckets are few and longer than B."""
-    t = gather_s  # the first gather: nothing to hide behind
-    leftover = 0.0
+    The DES's rules (``pipeline_des``) followed op by op on the one FIFO data-parallel stream: each op
+    issues the next op's gather when it starts (the first at time 0) and starts once the first unit
+    of its own gather is in (``first_unit_s``; None: the gather is one unit), its last
+    ``tail_share`` of compute waiting for the whole gather; every B spreads its ``buckets``
+    reduce-scatters over its work (bucket q ready at (q + 1) / buckets of it). So F_i hides what is
+    left of its own gather and of the buckets of B_(i-1), plus the gather of B_i, and B_i what is
+    left of its own gather, the gather of F_(i+1) and its buckets, which end at max(gathers + all of
+    them, first ready + all of them, B + the last one, the first bucket held by the last unit + the
+    rest). Compute beside the stream runs ``overlap_slowdown`` times slower
+    (``compute_beside_communication``; a B overlaps all its buckets but the last). Exact without a
+    slowdown when the buckets are equal; with one, B's buckets are taken as running from its start
+    (they run as they become ready), so it is a little long when the buckets are few and longer than B."""
+    first = gather_s if first_unit_s is None else first_unit_s
+    t = first  # the first unit of the first gather: nothing to hide behind
+    own = leftover = gather_s - first  # of F_i's own gather / of the stream, left when F_i starts
     for i in range(num_microbatches):
-        window = leftover + gather_s
-        inside, left = compute_beside_communication(forward_s, window, overlap_slowdown)
-        t += inside + left + max(0.0, window - inside - left)  # F, then B's wait on its gather
-        following = gather_s if i < num_microbatches - 1 else 0.0
-        inside, left = compute_beside_communication(backward_s, following + grad_sync_s - last_bucket_s, overlap_slowdown)
-        backward = inside + left
+        window = leftover + gather_s  # B_i's gather queued behind what is left
+        forward, _ = _held_compute(forward_s, window, own, tail_share, overlap_slowdown)
+        backward_start = max(forward, leftover + first)  # B_i waits for its first unit
+        t += backward_start
+        own_b = window - backward_start if window > backward_start else 0.0  # of B_i's gather
+        following = own_b + gather_s if i < num_microbatches - 1 else own_b  # F_(i+1)'s gather ends
+        backward, unheld = _held_compute(backward_s, following + grad_sync_s - last_bucket_s, own_b, tail_share,
+                                         overlap_slowdown)
         end = following
         if buckets:
-            end = max(following + grad_sync_s, backward / buckets + grad_sync_s, backward + last_bucket_s)
+            end = max(following + grad_sync_s, unheld / buckets + grad_sync_s, backward + last_bucket_s)
+            if backward > unheld:  # the buckets after the hold's boundary wait with it
+                end = max(end, _held_buckets_end(backward_s, backward, own_b, tail_share, grad_sync_s, last_bucket_s,
+                                                 buckets))
         if i < num_microbatches - 1:
-            start = max(backward, following)  # F_(i+1) waits for its gather
+            start = max(backward, own_b + first)  # F_(i+1) waits for its first unit
             t += start
-            leftover = max(0.0, end - start)
+            own = following - start if following > start else 0.0
+            leftover = end - start if end > start else 0.0
         else:
             t += max(backward, end)
     return t
+
+
+def _held_buckets_end(
+    backward_s: float, backward_end: float, hold_s: float, tail_share: float, grad_sync_s: float, last_bucket_s: float,
+    buckets: int,
+) -> float:
+    """When a B's buckets end counting from its first bucket past the hold's boundary (ready at the
+    hold plus its share of the tail's elapsed time), with all the buckets after it."""
+    boundary = (1.0 - tail_share) * backward_s
+    q = min(int((1.0 - tail_share) * buckets), buckets - 1)
+    while q > 0 and (q / buckets) * backward_s > boundary:
+        q -= 1
+    while q < buckets - 1 and ((q + 1) / buckets) * backward_s <= boundary:
+        q += 1
+    rate = (backward_end - hold_s) / (tail_share * backward_s)
+    ready = hold_s + (((q + 1) / buckets) * backward_s - boundary) * rate
+    others = (grad_sync_s - last_bucket_s) / (buckets - 1) if buckets > 1 else 0.0
+    return ready + (buckets - q - 1) * others + last_bucket_s
 
 
 def finish_iteration(
@@ -449,15 +507,16 @@ def finish_iteration(
                 # one stage, F0 B0 F1 B1 ...: the stream op by op, as the DES runs it
                 exposed_dp = fsdp_alternating_s(
                     chunk.forward_s, chunk.backward_s, dp.gathers_s[0], dp.grad_sync_s, dp.last_bucket_s, dp.buckets,
-                    m, overlap_slowdown) - compute
+                    m, overlap_slowdown, dp.gather_first_s[0], dp.gather_tail_share[0]) - compute
             else:
                 # several stages or chunks: the stream hides behind the stage's compute but the first
-                # gather and the last bucket are exposed; the rest overlaps the m micro-batches'
-                # compute and slows it. In aggregate: the per-op waits of a gather longer than the op
-                # it hides behind are not followed (the ends counted on top of a stream longer than
-                # the compute stand in for them: within 1-6 % of the DES on the golden ZeRO-3 plans)
+                # gather's first unit and the last bucket are exposed; the rest overlaps the m
+                # micro-batches' compute and slows it. In aggregate: the per-op waits of a gather (or
+                # of its last unit) longer than the op it hides behind are not followed (the ends
+                # counted on top of a stream longer than the compute stand in for them: within 0.1-5.5 %
+                # of the DES on the golden ZeRO-3 plans with per-layer units, 0.6-5.9 % with one per chunk)
                 stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
-                ends = dp.gathers_s[0] + dp.last_bucket_s
+                ends = dp.gather_first_s[0] + dp.last_bucket_s
                 stretch = overlap_stretch_s(compute, stream - ends, overlap_slowdown)
                 exposed_dp = ends + stretch + max(0.0, stream - compute - stretch)
         elif dp.grad_sync:

@@ -25,7 +25,7 @@ TRAINING_KEYS = (
     "seq_len", "global_batch", "micro_batch", "precision", "optimizer", "framework", "attention_kernel",
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
-    "host_forward_op_us", "host_backward_op_us", "selective_recompute",
+    "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -129,6 +129,11 @@ class TrainingSetup:
     # its shard's gradients) | "megatron_ddp" (Megatron-Core's DDP zeroes, pre-scales and NaN-checks
     # the rank's whole gradient buffer); see sim.training.data_parallel.grad_buffer_bytes
     grad_buffer_passes: str = "shard"
+    # ZeRO-3 / FSDP parameter gathers: "layer" (one unit per transformer layer plus a root unit with
+    # the embedding and LM head, prefetched, a chunk's F or B starting once its first unit is
+    # gathered) | "chunk" (one gather of the chunk, waited on whole); see
+    # sim.training.data_parallel.param_gather_for_parameters
+    fsdp_unit: str = "layer"
     # the fused QKV projection's split into Q, K, V (fused attention): "none" | "concat" (views; backward
     # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
     # see sim.training.costs.qkv_split_ops
@@ -407,6 +412,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         main_grad_accumulation=settings["main_grad_accumulation"],
         optimizer_kernels=settings["optimizer_kernels"],
         grad_buffer_passes=settings["grad_buffer_passes"],
+        fsdp_unit=settings["fsdp_unit"],
         qkv_split=settings["qkv_split"],
         attention_layout=settings["attention_layout"],
         pipeline_p2p=settings["pipeline_p2p"],

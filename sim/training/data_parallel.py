@@ -3,7 +3,7 @@ the ZeRO-3 / FSDP parameter gathers and the optimizer step (with CPU and NVMe of
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import Tier
@@ -105,25 +105,36 @@ def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], 
     return tuple(tuple(stage) for stage in signatures)
 
 
+def _layer_parameters_per_rank(setup: TrainingSetup, moe: bool) -> float:
+    """Parameters per rank of one dense or MoE layer (tp shards it, ep the experts too)."""
+    model, plan = setup.model, setup.plan
+    if moe:
+        experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
+        moe_dense = model.layer_parameters(moe=True) - experts
+        return moe_dense / plan.tp + experts / (plan.tp * plan.ep)
+    return model.layer_parameters(moe=False) / plan.tp
+
+
+def _table_parameters_per_rank(setup: TrainingSetup) -> float:
+    """Parameters per rank of the embedding table (or of an untied LM head)."""
+    model, plan = setup.model, setup.plan
+    split = plan.pp if plan.vocab_parallel else 1
+    return model.vocab * model.hidden / (plan.tp * split)
+
+
 def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
     """``stage_parameters_per_rank`` of the stage whose chunks are ``signature`` (layer by layer in
     model order, so the float sum is the one of every stage with this signature)."""
-    model, plan = setup.model, setup.plan
+    model = setup.model
     per_layer: dict[bool, float] = {}  # parameters per rank of a dense / MoE layer, computed once
     params = 0.0
     for dense, count, *_ in signature:
         for index in range(count):
             moe = model.is_moe and index >= dense
             if moe not in per_layer:
-                if moe:
-                    experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
-                    moe_dense = model.layer_parameters(moe=True) - experts
-                    per_layer[moe] = moe_dense / plan.tp + experts / (plan.tp * plan.ep)
-                else:
-                    per_layer[moe] = model.layer_parameters(moe=False) / plan.tp
+                per_layer[moe] = _layer_parameters_per_rank(setup, moe)
             params += per_layer[moe]
-    split = plan.pp if plan.vocab_parallel else 1
-    table = model.vocab * model.hidden / (plan.tp * split)
+    table = _table_parameters_per_rank(setup)
     first, last = any(chunk[2] for chunk in signature), any(chunk[3] for chunk in signature)
     if first:
         params += table
@@ -220,24 +231,76 @@ def grad_sync_for_parameters(
     return buckets
 
 
+class ParamGathers(NamedTuple):
+    """A stage's ZeRO-3 / FSDP parameter all-gathers, one per local chunk (empty without ZeRO-3)."""
+
+    gathers: tuple[CommWork, ...]  # per chunk: the whole gather (its bytes, the sum of its units' seconds)
+    first_unit_s: tuple[float, ...]  # per chunk: seconds from the gather's start to its first unit's end
+    tail_share: tuple[float, ...]  # per chunk: share of an F's or B's compute after its last unit (0: one unit)
+
+
+NO_GATHERS = ParamGathers((), (), ())
+FSDP_UNITS = ("layer", "chunk")
+
+
 def param_gather_work(
     setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
-) -> tuple[CommWork, ...]:
+) -> ParamGathers:
     """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
-    return param_gather_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
+    signature = stage_signatures(setup)[stage]
+    return param_gather_for_parameters(setup, signature_parameters(setup, signature), links, cache, signature)
 
 
 def param_gather_for_parameters(
-    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
-) -> tuple[CommWork, ...]:
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None,
+    signature: tuple[ChunkSignature, ...],
+) -> ParamGathers:
+    """The gathers of a stage holding ``params`` parameters per rank in the chunks ``signature``.
+
+    ``fsdp_unit = "chunk"``: one collective of the chunk's parameters (the stage's split evenly over
+    its chunks), waited on whole before the chunk's F or B. ``"layer"`` (torch FSDP with per-block
+    auto-wrap, FSDP2 ``fully_shard`` per transformer block, Megatron-Core's FSDP): one all-gather per
+    unit, the root unit (the chunk's embedding and LM head, which the root ``fully_shard`` /
+    FSDP wrapper holds) first, then each layer in model order, each priced at its own size (an
+    all-gather of one layer runs below the bus bandwidth of the whole chunk's: 2.5-12 % longer in
+    total on the torchtitan A12 rows); the chunk's F or B starts once the first unit is gathered and
+    its last ``tail_share`` = 1 / layers (the last layer's, with the embedding and LM head spread
+    over the layers) waits for the last unit (``pipeline_des``)."""
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
     if plan.zero != 3 or group.size <= 1:
-        return ()
-    per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
-    seconds = (cache.collective_s if cache is not None else collective_time_s)(Collective.ALL_GATHER, per_chunk, group)
-    gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
-    return (gather,) * plan.virtual_stages
+        return NO_GATHERS
+    collective = cache.collective_s if cache is not None else collective_time_s
+    if setup.fsdp_unit not in FSDP_UNITS:
+        raise ValueError(f"fsdp_unit {setup.fsdp_unit!r}; allowed: {', '.join(FSDP_UNITS)}")
+    if setup.fsdp_unit == "chunk":
+        per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
+        seconds = collective(Collective.ALL_GATHER, per_chunk, group)
+        gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
+        return ParamGathers((gather,) * plan.virtual_stages, (seconds,) * plan.virtual_stages, (0.0,) * plan.virtual_stages)
+    model = setup.model
+    table = _table_parameters_per_rank(setup)
+    stage_first = any(chunk[2] for chunk in signature)
+    layer_s: dict[bool, tuple[float, float]] = {}  # (16-bit bytes, seconds) of a dense / MoE layer
+    gathers, first_unit, tails = [], [], []
+    for dense, count, first, last, *_ in signature:
+        # the root unit: the tables signature_parameters gives the stage, on the chunk that uses them
+        root = (table if first else 0.0) + (table if last and (not model.tied_embeddings or not stage_first) else 0.0)
+        units = [(root * 2.0, collective(Collective.ALL_GATHER, root * 2.0, group))] if root > 0.0 else []
+        for index in range(count):
+            moe = model.is_moe and index >= dense
+            if moe not in layer_s:
+                nbytes = _layer_parameters_per_rank(setup, moe) * 2.0
+                layer_s[moe] = (nbytes, collective(Collective.ALL_GATHER, nbytes, group))
+            units.append(layer_s[moe])
+        nbytes = seconds = 0.0
+        for unit_bytes, unit_s in units:
+            nbytes += unit_bytes
+            seconds += unit_s
+        gathers.append(CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=nbytes, duration_s=seconds))
+        first_unit.append(units[0][1] if units else 0.0)
+        tails.append(1.0 / count if len(units) > 1 and count > 0 else 0.0)
+    return ParamGathers(tuple(gathers), tuple(first_unit), tuple(tails))
 
 
 def grad_buffer_bytes(setup: TrainingSetup, params: float, shard: float) -> float:

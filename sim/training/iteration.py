@@ -163,15 +163,18 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         setup.fp8_cast_fusion, setup.cross_entropy, setup.fp8_scale_update,
         setup.fp8_backward_accumulation, setup.qkv_split, setup.attention_layout, setup.host_forward_op_s, setup.host_backward_op_s,
     ))
-    setup_context = cache.intern(
-        ("setup", chunk_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework,
-         setup.data_parallel_overlap_slowdown)
-    )
     dp_context = cache.intern(
         ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, setup.grad_buffer_passes,
+         setup.fsdp_unit,
          setup.main_grad_accumulation,
          _dp_job_values(job),
          _dp_plan_values(plan))
+    )
+    # the data-parallel settings (optimizer kernels, gradient-buffer passes, FSDP units) are in it
+    # through dp_context: a config may override them under the same framework
+    setup_context = cache.intern(
+        ("setup", chunk_context, dp_context, ids.cluster, plan_values(plan), setup.dp_comm_overlap, setup.framework,
+         setup.data_parallel_overlap_slowdown)
     )
     return PricingKeys(
         chunk=chunk_context, setup=setup_context, data_parallel=dp_context, model=ids.model, cluster=ids.cluster
@@ -325,7 +328,7 @@ def _chunks_of_class(
 
 def _data_parallel_work(
     setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache,
-    weight_cast_s: float = 0.0,
+    weight_cast_s: float = 0.0, signature: tuple[ChunkSignature, ...] = (),
 ) -> DataParallelTimes:
     """Gradient buckets left to overlap the backward, parameter gathers, the buckets' seconds run
     serially after the backward when they do not overlap (``dp_comm_overlap = false``), and the
@@ -334,10 +337,12 @@ def _data_parallel_work(
     per-step cost of the stage like its optimizer step, so priced beside it)."""
     grad_sync = grad_sync_for_parameters(setup, params, links, cache)
     optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + weight_cast_s
-    param_gather = param_gather_for_parameters(setup, params, links, cache)
+    gathers = param_gather_for_parameters(setup, params, links, cache, signature)
     if setup.dp_comm_overlap:
-        return data_parallel_times(grad_sync, param_gather, optimizer_s)
-    return data_parallel_times((), param_gather, optimizer_s, serial_grad_sync_s=sum(map(_DURATION, grad_sync)))
+        return data_parallel_times(grad_sync, gathers.gathers, optimizer_s, gather_first_s=gathers.first_unit_s,
+                                   gather_tail_share=gathers.tail_share)
+    return data_parallel_times((), gathers.gathers, optimizer_s, serial_grad_sync_s=sum(map(_DURATION, grad_sync)),
+                               gather_first_s=gathers.first_unit_s, gather_tail_share=gathers.tail_share)
 
 
 class ClassChunks(NamedTuple):
@@ -390,9 +395,11 @@ def _class_data_parallel(
         )
         cast_s = cache.memo("fp8_weight_cast", (keys.chunk, signature),
                             lambda: fp8_weight_cast_s(setup, signature, links))
+        # per-layer FSDP units depend on the chunks' layers and ends, not only on the parameter count
+        units = (keys.model, tuple(chunk[:4] for chunk in signature)) if plan.zero == 3 and setup.fsdp_unit == "layer" else None
         out.append(cache.memo(
-            "data_parallel", (keys.data_parallel, links_key, params, cast_s),
-            lambda: _data_parallel_work(setup, params, links, cache, cast_s),
+            "data_parallel", (keys.data_parallel, links_key, params, cast_s, units),
+            lambda: _data_parallel_work(setup, params, links, cache, cast_s, signature),
         ))
     return tuple(out)
 
@@ -499,6 +506,8 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
                 grad_sync=work.data_parallel.grad_sync,
                 param_gather=work.data_parallel.param_gather,
                 serial_grad_sync_s=work.data_parallel.serial_grad_sync_s,
+                param_gather_first_s=work.data_parallel.gather_first_s,
+                param_gather_tail_share=work.data_parallel.gather_tail_share,
                 optimizer_s=work.data_parallel.optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )

@@ -24,7 +24,11 @@ Rules (documented choices):
 * FSDP / ZeRO-3 (``param_gather[c]`` for local chunk c): parameters are resharded after each use,
   so every F and every B of every micro-batch waits for its own gather of its chunk (as FSDP and
   DeepSpeed ZeRO-3 do under gradient accumulation); prefetch issues the gather of the next op that
-  needs one when an op starts (the first at time 0). Every micro-batch's gradient op of a chunk
+  needs one when an op starts (the first at time 0). A gather of several FSDP units
+  (``StageWork.param_gather_first_s``: per-layer units) lets its op start once the first unit is in,
+  and holds the op's last ``param_gather_tail_share`` of compute (the last unit's) until the whole
+  gather is in: the op ends at max(start + its compute, gather end + the last unit's compute),
+  the hold counting as a wait on the gather. Every micro-batch's gradient op of a chunk
   reduce-scatters the chunk's buckets (no gradient accumulation outside the shards). A breadth-first
   loop (``bfs``) gathers once per run of one chunk and pass and reduce-scatters once per chunk
   (Lamy-Poirier 2022, arXiv 2211.05953).
@@ -145,6 +149,16 @@ def _validate(work: PipelineWork) -> None:
                 f"PipelineWork.stages[{index}].param_gather has {len(stage.param_gather)} entries; "
                 f"expected 0 or virtual_stages = {work.virtual_stages}"
             )
+        for name in ("param_gather_first_s", "param_gather_tail_share"):
+            values = getattr(stage, name)
+            if values and len(values) != len(stage.param_gather):
+                raise ValueError(
+                    f"PipelineWork.stages[{index}].{name} has {len(values)} entries; "
+                    f"expected 0 or one per param_gather ({len(stage.param_gather)})"
+                )
+        if any(not 0.0 <= share <= 1.0 for share in stage.param_gather_tail_share):
+            raise ValueError(f"PipelineWork.stages[{index}].param_gather_tail_share = "
+                             f"{stage.param_gather_tail_share}: each must be in [0, 1]")
     links_needed = pp if (work.virtual_stages > 1 and pp > 1) else pp - 1
     for name in ("p2p_bandwidth_Bps", "p2p_latency_s"):
         if len(getattr(work, name)) < links_needed:
@@ -306,11 +320,11 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     timelines: list[list[tuple[float, float]]] = [[(0.0, 0.0)] for _ in range(pp)]
     finished = [False] * pp
 
-    def dp_kernel(s: int, ready_s: float, duration_s: float, name: str, axis: str) -> float:
+    def dp_kernel(s: int, ready_s: float, duration_s: float, name: str, axis: str) -> tuple[float, float]:
         start, end = streams[s].enqueue(ready_s, duration_s)
         if trace:
             events.append(TraceEvent(s, "comm-dp", name, start, end, {"axis": axis}))
-        return end
+        return start, end
 
     def stage_process(s: int):  # type: ignore[no-untyped-def]
         stream = streams[s]
@@ -318,11 +332,21 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         stage_work = work.stages[s]
         activation = [c.activation_bytes for c in stage_work.chunks]
         gathers = stage_work.param_gather
-        gather_done: dict[tuple[str, int, int], float] = {}
+        # FSDP units: an op may start once its gather's first unit is in; its last ``tail`` share of
+        # compute waits for the gather's end. One unit (no first_unit_s): the whole gather
+        first_unit_s = stage_work.param_gather_first_s or tuple(g.duration_s for g in gathers)
+        tail_share = stage_work.param_gather_tail_share or (0.0,) * len(gathers)
+        gather_done: dict[tuple[str, int, int], tuple[float, float]] = {}  # (first unit in, all in)
+
+        def issue_gather(key: tuple[str, int, int], ready_s: float) -> None:
+            gather = gathers[key[2]]
+            begin, finish = dp_kernel(s, ready_s, gather.duration_s, _gather_label(key), gather.axis)
+            first_in = begin + first_unit_s[key[2]]
+            gather_done[key] = (first_in if first_in < finish else finish, finish)
+
         first = next((op[8] for op in compiled[s] if op[8] is not None), None)
         if first is not None:
-            g0 = gathers[first[2]]
-            gather_done[first] = dp_kernel(s, 0.0, g0.duration_s, _gather_label(first), g0.axis)
+            issue_gather(first, 0.0)
         timeline = timelines[s]
         timeout = env.timeout
         held_bytes = peak = 0.0
@@ -343,17 +367,44 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
                 if arrival > start:
                     start = arrival
                     acc = acc_in + (arrival - produced)
+            hold = 0.0  # when the op's last unit is gathered, if after its start (else 0)
             if g_wait is not None:
-                ready = gather_done[g_wait]
+                ready, gathered = gather_done[g_wait]
                 if ready > start:
                     gather_waits[s] += ready - start
                     start = ready
+                if gathered > start and tail_share[chunk] > 0.0:
+                    hold = gathered
             if g_issue is not None:
-                gw = gathers[g_issue[2]]
-                gather_done[g_issue] = dp_kernel(s, start, gw.duration_s, _gather_label(g_issue), gw.axis)
+                issue_gather(g_issue, start)
             if not started:
                 compute_start[s], started = start, True
-            if plan is None:
+            waited = 0.0
+            if hold:
+                # the op's compute up to its last unit's share, then (once that unit is in) the rest;
+                # buckets at or before the boundary are enqueued first
+                boundary = (1.0 - tail_share[chunk]) * duration
+                end, done = start, 0.0
+                for fraction, bucket in plan or ():
+                    point = fraction * duration
+                    if boundary >= 0.0 and point > boundary:
+                        end = advance(end, boundary - done)
+                        done, boundary = boundary, -1.0
+                        if hold > end:
+                            waited, end = hold - end, hold
+                    end = advance(end, point - done)
+                    done = point
+                    comm = stage_work.grad_sync[bucket]
+                    dp_kernel(s, end, comm.duration_s, f"grad_sync bucket {bucket}", comm.axis)
+                if boundary >= 0.0:
+                    end = advance(end, boundary - done)
+                    done = boundary
+                    if hold > end:
+                        waited, end = hold - end, hold
+                if done < duration:
+                    end = advance(end, duration - done)
+                gather_waits[s] += waited
+            elif plan is None:
                 end = advance(start, duration)
             else:
                 end, done = start, 0.0
@@ -366,7 +417,7 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
             now = env.now
             if end > now:
                 yield timeout(end - now)
-            busy_s += end - start
+            busy_s += end - start - waited
             nominal_s += duration
             b_end = end
             if kind == _KIND_F:

@@ -54,6 +54,11 @@ class StageWork:
     # the gradient buckets' seconds when they run after the backward, before the optimizer
     # (``dp_comm_overlap = false``; ``grad_sync`` is then empty): exposed data-parallel time
     serial_grad_sync_s: float = 0.0
+    # FSDP units (``fsdp_unit``; empty: each gather is one unit, waited on whole): per chunk, the
+    # seconds from a gather's start until its first unit is gathered (the chunk's F or B may start
+    # then), and the share of the F's or B's compute that runs after the last unit is gathered
+    param_gather_first_s: tuple[float, ...] = ()
+    param_gather_tail_share: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

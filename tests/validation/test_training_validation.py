@@ -94,15 +94,17 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.062 and MODERN_THRESHOLDS[0].max_row_error <= 0.123
-    # the torchtitan Llama 2 70B local-batch-1 row (+73.6 % at the EFA bandwidth measured on p4d) is the one row
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.057 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
+    # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 31 rows are counted
     excluded = {c.row for c in des.comparisons if c.excluded}
     assert excluded == {c.row for c in modern.comparisons if c.excluded} == {"titan-llama2-70b-op-ac"}
     assert len(des.rows("iteration_time_s")) == 31
-    assert 0.73 < des_errors["titan-llama2-70b-op-ac"] < 0.737
-    assert all(0.05 < e < 0.123 for row, e in des_errors.items()  # the seven other torchtitan rows: all slow on EFA
+    assert 0.75 < des_errors["titan-llama2-70b-op-ac"] < 0.76
+    # the seven other torchtitan rows: +5.3..+12.2 % (all slow on EFA) with one gather per chunk; FSDP2's
+    # per-block units (fsdp_unit "layer") expose only the first unit's gather: -9.5..+2.8 %
+    assert all(-0.096 < e < 0.029 for row, e in des_errors.items()
                if row.startswith("titan-") and row != "titan-llama2-70b-op-ac")
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
@@ -133,8 +135,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # from -1.0 to +3.9 %, bound 3 -> 4 %
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.04
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
-    # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group)
-    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.14
+    # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
+    # per-block FSDP units (its whole-model first gather is no longer exposed)
+    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.128
     # llm-foundry's MP Mode column: PURE (16-bit reduction) on the older A100 rows; DEFAULT elsewhere, which
     # Composer up to v0.16.3 (before its 2023-10-10 patch) also reduced in 16 bits: the profile's rule
     from sim.training.config import parse_training
