@@ -115,7 +115,8 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.068
     # Megatron-Bridge on TE 2.x runs cuDNN fused attention on Hopper (attention_kernel cudnn): the two
     # NeMo 25.11 H100 rows within 0.1 % and 5.5 % at this fidelity (were +10.4 %, +11.5 % on the FA2 rate)
-    assert abs(errors["bridge-llama3-8b"]) <= 0.001 and abs(errors["bridge-llama3-70b"]) <= 0.055
+    # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward)
+    assert abs(errors["bridge-llama3-8b"]) <= 0.002 and abs(errors["bridge-llama3-70b"]) <= 0.058
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
