@@ -180,10 +180,13 @@ def test_example_physical_invariants(example: Path, fidelity: str) -> None:
 def test_analytic_and_des_agree(example: Path) -> None:
     # The 1 % agreement of DESIGN.md holds only without overlap; these examples overlap TP, DP and
     # CP communication, which the DES executes and the closed form approximates. 5 % bounds the
-    # spread seen across all examples (largest: the 405B long-context run, about 3 %).
+    # spread seen across all examples (largest: the 405B long-context run, about 3 %). 6 % since
+    # Megatron-Core's paced ZeRO-1 parameter gathers (param_gather_pacing "bucket"): that run
+    # (interleaved, v 2) is 4.4 -> 5.4 % apart, the closed form not following the second chunk's
+    # gather (bounded in tests/sim/test_training_zero1_pacing.py).
     analytic = simulate(example, "analytic")
     des = simulate(example, "des")
-    assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=0.05)
+    assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=0.06)
     assert des["peak_memory_bytes"] == pytest.approx(analytic["peak_memory_bytes"], rel=1e-9)
 
 

@@ -28,7 +28,7 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
-# Iteration time: regression bounds at today's errors (MAPE 6.4 %, worst 25.1 %: the Megatron-Core
+# Iteration time: regression bounds at today's errors (MAPE 8.0 %, worst 44.1 %: the Megatron-Core
 # H100 32B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
@@ -42,8 +42,12 @@ THRESHOLDS = (
     # Worst row loosened 25 % -> 25.2 % by attention dropout priced on the kernel time, not the wall time,
     # of NVIDIA/TransformerEngine#3312 (sim.training.costs.ATTENTION_DROPOUT_RATE 0.967 -> 0.896): the nine
     # Megatron-Core H100 rows +0.3..+0.9 points (1.7B / 7.1B -18.5 / -12.6 -> -17.6 / -11.9 %, 32B
-    # +24.8 -> +25.1 %), MAPE 6.36 -> 6.35 %, signed -0.7 -> -0.6 %
-    Threshold(metric="iteration_time_s", max_mape=0.065, max_row_error=0.252),
+    # +24.8 -> +25.1 %), MAPE 6.36 -> 6.35 %, signed -0.7 -> -0.6 %. Loosened 6.5 % / 25.2 % -> 8.1 % / 44.2 %
+    # by Megatron-Core's parameter all-gather paced bucket by bucket in each chunk's first forward
+    # (param_gather_pacing "bucket", distrib_optimizer _finish_param_sync_helper at core_r0.8.0), which the
+    # model had priced as hidden: the Megatron-Core H100 rows 16B-462B +0.10..+0.20 s (16B +3.4 -> +11.1 %,
+    # 32B +25.1 -> +44.1 %, 70B +5.4 -> +14.4 %), MAPE 6.4 -> 8.0 %, signed -0.6 -> +1.2 %
+    Threshold(metric="iteration_time_s", max_mape=0.081, max_row_error=0.442),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -361,7 +365,7 @@ TRAINING_NOTES = (
     "Tables 17 / 20, head dim 64) would leave the 1.7B at -16.2 %: its attention is 13 % of the modelled step, and "
     "closing the row would take a rate of 0.37); "
     "the 32B row (TP 8: its data-parallel group spans 48 nodes with one GPU "
-    "each) is 25 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.28 s after the last "
+    "each) is 44 % slow, its fp32 gradient reduce-scatter (16 GB per GPU) exposed 0.28 s after the last "
     "micro-batch's backward. Its published rate cannot be reached at the micro-batch 1 the row assumes (the "
     "table does not state it; NVIDIA/Megatron-LM#1571 asks for the scripts, unanswered): at core_r0.8 (f2e5db402c) "
     "bf16 forces fp32 gradient reduction (arguments.py accumulate_allreduce_grads_in_fp32, training.py "
@@ -372,9 +376,12 @@ TRAINING_NOTES = (
     "whatever the algorithm (SHARP / CollNet does not cut a GPU's own bytes); they can hide only behind the last "
     "backward and the first forward, a quarter of 4 micro-batches' compute C, so 0.89 s >= 0.46 s + 0.75 C "
     "bounds C to 0.57 s, 717 TFLOP/s per GPU (the table's best row: 489 end to end); micro-batch 2 needs 478. "
-    "Not changed: the micro-batch is unsourced. The model prices that "
-    "all-gather as hidden (data_parallel.optimizer_time_for_parameters_s); paced one bucket ahead as r0.8 runs it, "
-    "about 0.17 s more here, 0.06 s for the 16B, 0.19 s for the 70B",
+    "Not changed: the micro-batch is unsourced. That all-gather was priced as hidden until the stack setting "
+    "param_gather_pacing = bucket (megatron-core, megatron-bridge; data_parallel.bucket_paced_gathers): each "
+    "chunk's first forward starts once its first bucket is gathered and ends after its last bucket, on the "
+    "data-parallel stream, which made the Megatron-Core H100 rows slower, as expected: 1.7B -17.6 -> -17.0 %, "
+    "7.1B -11.9 -> -11.0 %, 16B +3.4 -> +11.1 % (+0.065 s), 32B +25.1 -> +44.1 % (+0.169 s), 70B +5.4 -> +14.4 % "
+    "(+0.196 s), 119B +0.3 -> +5.1 %, 177B -0.1 -> +3.4 %, 314B +9.3 -> +12.3 %, 462B +6.3 -> +7.7 %",
 )
 
 

@@ -75,6 +75,9 @@ class DataParallelTimes:
     # seconds until a gather's first unit is in, and the share of an op's compute after its last unit
     gather_first_s: tuple[float, ...] = ()
     gather_tail_share: tuple[float, ...] = ()
+    # ZeRO-1/2's paced gathers (``StageWork.param_gather_first_forward_only``): once per chunk, before
+    # its first forward
+    gather_first_forward_only: bool = False
 
 
 def chunk_times(chunks: tuple[ChunkWork, ...]) -> ChunkTimes:
@@ -99,6 +102,7 @@ def data_parallel_times(
     serial_grad_sync_s: float = 0.0,
     gather_first_s: tuple[float, ...] = (),
     gather_tail_share: tuple[float, ...] = (),
+    gather_first_forward_only: bool = False,
 ) -> DataParallelTimes:
     """The closed form's view of a stage's data-parallel work; without ``gather_first_s`` every gather
     is one unit (its first unit is all of it) and no compute waits for its end."""
@@ -114,6 +118,7 @@ def data_parallel_times(
         buckets=len(grad_sync),
         gather_first_s=gather_first_s or gathers_s,
         gather_tail_share=gather_tail_share or (0.0,) * len(gathers_s),
+        gather_first_forward_only=gather_first_forward_only,
     )
 
 
@@ -134,7 +139,8 @@ def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     """Iteration time, bubble and exposed communication in closed form."""
     times = [
         (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s, s.serial_grad_sync_s,
-                                                    s.param_gather_first_s, s.param_gather_tail_share))
+                                                    s.param_gather_first_s, s.param_gather_tail_share,
+                                                    s.param_gather_first_forward_only))
         for s in work.stages
     ]
     return analytic_iteration_classes(
@@ -479,6 +485,38 @@ def _held_buckets_end(
     return ready + (buckets - q - 1) * others + last_bucket_s
 
 
+def first_forward_shift_s(
+    chunk_of: Sequence[ChunkTimes], dp_of: Sequence[DataParallelTimes], stage_class: Sequence[int], overlap_slowdown: float,
+) -> float:
+    """Seconds by which ZeRO-1/2's paced parameter gathers (``gather_first_forward_only``) delay the
+    pipeline: the first micro-batch's forward through the stages' first local chunks, each F
+    starting at max(the previous stage's F end, its first unit in) and held by its last unit
+    (``pipeline_des``'s rule, the stream busy with the chunk's gather from time 0), less the same
+    chain without gathers; plus what the later chunks' gathers (virtual stages, each issued when
+    the previous chunk's first F starts) slow the first stage's compute. The p2p of the fill is not
+    in the chain (it makes the DES's later F start later, so their gathers hide more): exact at
+    pp = 1, with pp > 1 an upper bound on the DES's delay (tests/sim/test_training_zero1_pacing.py)."""
+    if not any(dp_of[k].gather_first_forward_only and dp_of[k].gathers_s for k in stage_class):
+        return 0.0
+    t = nominal = 0.0
+    for k in stage_class:
+        dp, forward_s = dp_of[k], chunk_of[k].chunks[0].forward_s
+        nominal += forward_s
+        if not (dp.gather_first_forward_only and dp.gathers_s):
+            t += forward_s
+            continue
+        start = max(t, dp.gather_first_s[0])
+        left = dp.gathers_s[0] - start  # of the chunk's gather when its first F starts
+        end, _ = _held_compute(forward_s, left, left, dp.gather_tail_share[0], overlap_slowdown) if left > 0.0 else (forward_s, 0.0)
+        t = start + end
+    shift = t - nominal
+    k = stage_class[0]
+    dp = dp_of[k]
+    if dp.gather_first_forward_only and len(dp.gathers_s) > 1:
+        shift += overlap_stretch_s(chunk_of[k].total_s, sum(dp.gathers_s[1:]), overlap_slowdown)
+    return shift
+
+
 def finish_iteration(
     phase: PipelinePhase,
     chunk_of: Sequence[ChunkTimes],
@@ -498,8 +536,9 @@ def finish_iteration(
     # offset after the stage's last backward
     exposed_dp_of = []
     after_of = []
+    shift = first_forward_shift_s(chunk_of, dp_of, stage_class, overlap_slowdown)
     for chunk, dp in zip(chunk_of, dp_of):
-        if dp.gathers_s:
+        if dp.gathers_s and not dp.gather_first_forward_only:
             # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and
             # its B and reduce-scatters its gradients (once per loop under bfs: ``gather_rounds``).
             compute = m * chunk.total_s
@@ -532,9 +571,9 @@ def finish_iteration(
     exposed_dp_critical = 0.0
     starts = phase.stage_start_s or (0.0,) * len(stage_class)
     for last_backward_end, k, start in zip(phase.last_backward_end_s, stage_class, starts):
-        finish = last_backward_end + exposed_dp_of[k] + after_of[k] - start
+        finish = last_backward_end + shift + exposed_dp_of[k] + after_of[k] - start
         if finish >= iteration:
-            iteration, exposed_dp_critical = finish, exposed_dp_of[k] + dp_of[k].serial_grad_sync_s
+            iteration, exposed_dp_critical = finish, shift + exposed_dp_of[k] + dp_of[k].serial_grad_sync_s
     exposed = dict(phase.exposed_comm_s)
     exposed["dp"] = exposed_dp_critical
     return PipelineEstimate(

@@ -26,6 +26,7 @@ TRAINING_KEYS = (
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
+    "param_gather_pacing",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -134,6 +135,11 @@ class TrainingSetup:
     # gathered) | "chunk" (one gather of the chunk, waited on whole); see
     # sim.training.data_parallel.param_gather_for_parameters
     fsdp_unit: str = "layer"
+    # ZeRO-1/2 parameter all-gather after the optimizer with dp_comm_overlap: "free" (hidden under the
+    # next forward) | "bucket" (Megatron-Core's distributed optimizer: bucket by bucket in each
+    # chunk's first forward, each bucket's all-gather dispatched once the previous one is waited on);
+    # see sim.training.data_parallel.bucket_paced_gathers
+    param_gather_pacing: str = "free"
     # the fused QKV projection's split into Q, K, V (fused attention): "none" | "concat" (views; backward
     # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
     # see sim.training.costs.qkv_split_ops
@@ -413,6 +419,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         optimizer_kernels=settings["optimizer_kernels"],
         grad_buffer_passes=settings["grad_buffer_passes"],
         fsdp_unit=settings["fsdp_unit"],
+        param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
         attention_layout=settings["attention_layout"],
         pipeline_p2p=settings["pipeline_p2p"],

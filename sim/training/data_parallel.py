@@ -232,15 +232,78 @@ def grad_sync_for_parameters(
 
 
 class ParamGathers(NamedTuple):
-    """A stage's ZeRO-3 / FSDP parameter all-gathers, one per local chunk (empty without ZeRO-3)."""
+    """A stage's parameter all-gathers, one per local chunk: ZeRO-3 / FSDP's (before every F and B),
+    or ZeRO-1/2's paced by the first forward (``first_forward_only``); empty otherwise."""
 
     gathers: tuple[CommWork, ...]  # per chunk: the whole gather (its bytes, the sum of its units' seconds)
     first_unit_s: tuple[float, ...]  # per chunk: seconds from the gather's start to its first unit's end
     tail_share: tuple[float, ...]  # per chunk: share of an F's or B's compute after its last unit (0: one unit)
+    # True: each chunk is gathered once per iteration, before its first forward only (ZeRO-1/2's
+    # updated parameters after the optimizer; ``param_gather_pacing = "bucket"``)
+    first_forward_only: bool = False
 
 
 NO_GATHERS = ParamGathers((), (), ())
 FSDP_UNITS = ("layer", "chunk")
+PARAM_GATHER_PACINGS = ("bucket", "free")
+
+
+def paces_param_gather(setup: TrainingSetup) -> bool:
+    """True when the ZeRO-1/2 parameter all-gather after the optimizer overlaps the next forward
+    bucket by bucket (``param_gather_pacing = "bucket"`` with ``dp_comm_overlap``, dp > 1)."""
+    if setup.param_gather_pacing not in PARAM_GATHER_PACINGS:
+        raise ValueError(f"param_gather_pacing {setup.param_gather_pacing!r}; allowed: {', '.join(PARAM_GATHER_PACINGS)}")
+    plan = setup.plan
+    return (plan.zero in (1, 2) and plan.dp > 1 and setup.dp_comm_overlap
+            and setup.param_gather_pacing == "bucket")
+
+
+def bucket_paced_gathers(
+    setup: TrainingSetup, links: Mapping[str, GroupLinks], cache: PricingCache | None,
+    signature: tuple[ChunkSignature, ...],
+) -> ParamGathers:
+    """ZeRO-1/2 with the distributed optimizer's overlapped parameter all-gather, Megatron-Core r0.8
+    (megatron/core/optimizer/distrib_optimizer.py at core_r0.8.0: ``zero_grad`` dispatches the
+    all-gather of the first bucket only; each bucket's forward pre-hook (``_make_forward_pre_hook``,
+    ``_finish_param_sync_helper``) waits for that bucket's all-gather and only then dispatches the
+    next bucket's, "we can't pre-launch all-gathers for all buckets at once" under
+    CUDA_DEVICE_MAX_CONNECTIONS=1; the handles run in forward order, model chunk by model chunk).
+
+    One gather per local chunk, before that chunk's first forward of the iteration only, on the
+    data-parallel stream; its units are the chunk's buckets (the gradient buckets' size, max(40M,
+    1M x dp) parameters, 16-bit parameters), priced each at its own size: the full buckets and the
+    remainder, which holds the chunk's first layers (the buffer fills its buckets in reverse
+    parameter order, and the all-gathers run from the last bucket), so it is the first unit. The
+    forward starts once the first unit is in and its last 1 / buckets of compute waits for the
+    whole gather (``pipeline_des``'s rule): with n buckets of all-gather time a and forward compute
+    f per bucket it ends at max(a + n f, n a + f), where the paced chain ends at a + n max(a, f):
+    the same when f >= a, at most one bucket's all-gather (a - f) early when a > f."""
+    plan = setup.plan
+    collective = cache.collective_s if cache is not None else collective_time_s
+    group = links["dp"]
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
+    model = setup.model
+    table = _table_parameters_per_rank(setup)
+    stage_first = any(chunk[2] for chunk in signature)
+    layer_params: dict[bool, float] = {}
+    gathers, first_unit, tails = [], [], []
+    for dense, count, first, last, *_ in signature:
+        params = (table if first else 0.0) + (table if last and (not model.tied_embeddings or not stage_first) else 0.0)
+        for index in range(count):
+            moe = model.is_moe and index >= dense
+            if moe not in layer_params:
+                layer_params[moe] = _layer_parameters_per_rank(setup, moe)
+            params += layer_params[moe]
+        full = int(params // bucket)
+        remainder = params - full * bucket
+        full_s = collective(Collective.ALL_GATHER, bucket * 2.0, group) if full else 0.0
+        remainder_s = collective(Collective.ALL_GATHER, remainder * 2.0, group) if remainder > 0.0 else 0.0
+        units = full + (1 if remainder > 0.0 else 0)
+        gathers.append(CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=params * 2.0,
+                                duration_s=full * full_s + remainder_s))
+        first_unit.append(remainder_s if remainder > 0.0 else full_s)
+        tails.append(1.0 / units if units > 1 else 0.0)
+    return ParamGathers(tuple(gathers), tuple(first_unit), tuple(tails), first_forward_only=True)
 
 
 def param_gather_work(
@@ -268,6 +331,8 @@ def param_gather_for_parameters(
     over the layers) waits for the last unit (``pipeline_des``)."""
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
+    if plan.zero in (1, 2) and links["dp"].size > 1 and paces_param_gather(setup):
+        return bucket_paced_gathers(setup, links, cache, signature)
     if plan.zero != 3 or group.size <= 1:
         return NO_GATHERS
     collective = cache.collective_s if cache is not None else collective_time_s
@@ -321,8 +386,9 @@ def optimizer_time_s(
     """The optimizer step of one rank, with the traffic it implies.
 
     On the GPU it is memory-bound over the rank's optimizer shard (ZeRO >= 1 shards it dp ways).
-    ZeRO 1/2 then all-gather the updated 16-bit parameters (hidden under the next forward when
-    dp_comm_overlap, as Megatron's --overlap-param-gather). Offloaded optimizers run CPU Adam over
+    ZeRO 1/2 then all-gather the updated 16-bit parameters: here, after the optimizer, without
+    dp_comm_overlap; with it, free (hidden under the next forward) unless the stack paces it bucket
+    by bucket in the first forward (``param_gather_pacing = "bucket"``: ``bucket_paced_gathers``). Offloaded optimizers run CPU Adam over
     host DRAM bandwidth and move gradients down and parameters up over PCIe (ZeRO-Offload); NVMe
     offload also reads and writes the optimizer states from NVMe (ZeRO-Infinity).
     """

@@ -30,6 +30,7 @@ from sim.training.data_parallel import (
     grad_sync_for_parameters,
     optimizer_time_for_parameters_s,
     param_gather_for_parameters,
+    paces_param_gather,
     signature_parameters,
     stage_signatures,
 )
@@ -165,7 +166,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     ))
     dp_context = cache.intern(
         ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, setup.grad_buffer_passes,
-         setup.fsdp_unit,
+         setup.fsdp_unit, setup.param_gather_pacing,
          setup.main_grad_accumulation,
          _dp_job_values(job),
          _dp_plan_values(plan))
@@ -340,7 +341,7 @@ def _data_parallel_work(
     gathers = param_gather_for_parameters(setup, params, links, cache, signature)
     if setup.dp_comm_overlap:
         return data_parallel_times(grad_sync, gathers.gathers, optimizer_s, gather_first_s=gathers.first_unit_s,
-                                   gather_tail_share=gathers.tail_share)
+                                   gather_tail_share=gathers.tail_share, gather_first_forward_only=gathers.first_forward_only)
     return data_parallel_times((), gathers.gathers, optimizer_s, serial_grad_sync_s=sum(map(_DURATION, grad_sync)),
                                gather_first_s=gathers.first_unit_s, gather_tail_share=gathers.tail_share)
 
@@ -396,7 +397,9 @@ def _class_data_parallel(
         cast_s = cache.memo("fp8_weight_cast", (keys.chunk, signature),
                             lambda: fp8_weight_cast_s(setup, signature, links))
         # per-layer FSDP units depend on the chunks' layers and ends, not only on the parameter count
-        units = (keys.model, tuple(chunk[:4] for chunk in signature)) if plan.zero == 3 and setup.fsdp_unit == "layer" else None
+        # and ZeRO-1/2's paced gathers on each chunk's buckets
+        per_chunk = (plan.zero == 3 and setup.fsdp_unit == "layer") or paces_param_gather(setup)
+        units = (keys.model, tuple(chunk[:4] for chunk in signature)) if per_chunk else None
         out.append(cache.memo(
             "data_parallel", (keys.data_parallel, links_key, params, cast_s, units),
             lambda: _data_parallel_work(setup, params, links, cache, cast_s, signature),
@@ -508,6 +511,7 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
                 serial_grad_sync_s=work.data_parallel.serial_grad_sync_s,
                 param_gather_first_s=work.data_parallel.gather_first_s,
                 param_gather_tail_share=work.data_parallel.gather_tail_share,
+                param_gather_first_forward_only=work.data_parallel.gather_first_forward_only,
                 optimizer_s=work.data_parallel.optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )

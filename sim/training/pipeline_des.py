@@ -32,6 +32,11 @@ Rules (documented choices):
   reduce-scatters the chunk's buckets (no gradient accumulation outside the shards). A breadth-first
   loop (``bfs``) gathers once per run of one chunk and pass and reduce-scatters once per chunk
   (Lamy-Poirier 2022, arXiv 2211.05953).
+* ZeRO-1/2 paced parameter all-gather (``StageWork.param_gather_first_forward_only``, Megatron-Core's
+  distributed optimizer with --overlap-param-gather): ``param_gather[c]`` is waited on by chunk c's
+  first F of the iteration only, with the same first-unit / last-unit rule (its units are the
+  chunk's buckets) and the same prefetch (the first at time 0, the next chunk's when that F starts);
+  the gradients are reduced as without gathers (once per chunk, after its last micro-batch).
 """
 
 from __future__ import annotations
@@ -203,7 +208,11 @@ def _compile_stage(work: PipelineWork, s: int, program: Program) -> list[tuple[A
     split = program.split_backward
     steps = program.steps[s]
     place = program.placement
-    fsdp = bool(stage_work.param_gather)
+    gathered = bool(stage_work.param_gather)
+    # ZeRO-1/2's paced gathers: only each chunk's first F (in program order) waits for one
+    once = gathered and stage_work.param_gather_first_forward_only
+    fsdp = gathered and not once
+    first_forward_seen: set[int] = set()
 
     # Per chunk constants: (g, F work, B work, B+W work, B share of B+W, W work, bytes, fwd route, bwd route)
     consts = []
@@ -234,8 +243,9 @@ def _compile_stage(work: PipelineWork, s: int, program: Program) -> list[tuple[A
             dep = 2 * (g * m + mb) if g > 0 else -1
             send = (fwd_link[0], fwd_link[1], 2 * ((g + 1) * m + mb), nbytes, place[g + 1]) if g < last_global else None
             op = [_KIND_F, mb, c, f_s, 0.0, dep, send, None, None, None, None]
-            if fsdp:
+            if fsdp or (once and c not in first_forward_seen):
                 op[8] = ("f", mb, c)
+                first_forward_seen.add(c)
         elif kind_name == "B":
             fuse = not split and i + 1 < n and steps[i + 1] == ("W", mb, c)
             dep = 2 * (g * m + mb) + 1 if g < last_global else -1

@@ -59,6 +59,9 @@ class StageWork:
     # then), and the share of the F's or B's compute that runs after the last unit is gathered
     param_gather_first_s: tuple[float, ...] = ()
     param_gather_tail_share: tuple[float, ...] = ()
+    # True: ``param_gather`` is ZeRO-1/2's all-gather of the updated parameters, needed once per
+    # iteration before each chunk's first forward (``param_gather_pacing = "bucket"``), not FSDP's
+    param_gather_first_forward_only: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
