@@ -348,11 +348,11 @@ MISSING_MECHANISMS = (
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",
 )
 TRAINING_NOTES = (
-    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 0.6 % too fast on average (all run "
+    "the 2021-22 Megatron rows and the Megatron-Core H100 rows are predicted 1.2 % too slow on average (all run "
     "Megatron's default hidden and attention dropout 0.1, modelled; the Megatron-Core rows pay its DDP's zeroing, "
     "NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, grad_buffer_passes, and the "
     "concatenation of the QKV split's gradients with Transformer Engine's copy of V after RoPE, qkv_split); the "
-    "H100 1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 18 and 12 % fast and nothing sourced explains the rest "
+    "H100 1.7B and 7.1B rows (TP 1-2, hidden 2048-4096) are 17 and 11 % fast and nothing sourced explains the rest "
     "(host dispatch, modelled at 13.48 us per op from torch.nn.Linear's forward on a DGX H100 host, TransformerEngine#2053, does not bind at their shapes: it would take about 145 us per modelled op to explain the 1.7B row; their memory-bound kernels are priced at 2.2-2.6 TB/s, near the "
     "H100's modelled stream rate; their attention runs cuDNN fused attention, which Transformer Engine >= 1.2 "
     "prefers on Hopper (attention_kernel cudnn, at the FlashAttention-3 paper's H100 cuDNN / FA2 ratios, 1.61x "
