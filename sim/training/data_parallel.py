@@ -122,6 +122,27 @@ def _table_parameters_per_rank(setup: TrainingSetup) -> float:
     return model.vocab * model.hidden / (plan.tp * split)
 
 
+def _chunk_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> list[tuple[float, list[float]]]:
+    """Per chunk of ``signature``: the parameters per rank of its root (the embedding / LM-head tables
+    ``signature_parameters`` gives the stage, on the chunk that uses them) and of each of its layers,
+    in model order."""
+    model = setup.model
+    table = _table_parameters_per_rank(setup)
+    stage_first = any(chunk[2] for chunk in signature)
+    per_layer: dict[bool, float] = {}  # a dense / MoE layer's, computed once
+    out = []
+    for dense, count, first, last, *_ in signature:
+        root = (table if first else 0.0) + (table if last and (not model.tied_embeddings or not stage_first) else 0.0)
+        layers = []
+        for index in range(count):
+            moe = model.is_moe and index >= dense
+            if moe not in per_layer:
+                per_layer[moe] = _layer_parameters_per_rank(setup, moe)
+            layers.append(per_layer[moe])
+        out.append((root, layers))
+    return out
+
+
 def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
     """``stage_parameters_per_rank`` of the stage whose chunks are ``signature`` (layer by layer in
     model order, so the float sum is the one of every stage with this signature)."""
@@ -282,18 +303,11 @@ def bucket_paced_gathers(
     collective = cache.collective_s if cache is not None else collective_time_s
     group = links["dp"]
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
-    model = setup.model
-    table = _table_parameters_per_rank(setup)
-    stage_first = any(chunk[2] for chunk in signature)
-    layer_params: dict[bool, float] = {}
     gathers, first_unit, tails = [], [], []
-    for dense, count, first, last, *_ in signature:
-        params = (table if first else 0.0) + (table if last and (not model.tied_embeddings or not stage_first) else 0.0)
-        for index in range(count):
-            moe = model.is_moe and index >= dense
-            if moe not in layer_params:
-                layer_params[moe] = _layer_parameters_per_rank(setup, moe)
-            params += layer_params[moe]
+    for root, layers in _chunk_parameters(setup, signature):
+        params = root
+        for layer in layers:
+            params += layer
         full = int(params // bucket)
         remainder = params - full * bucket
         full_s = collective(Collective.ALL_GATHER, bucket * 2.0, group) if full else 0.0
@@ -309,7 +323,7 @@ def bucket_paced_gathers(
 def param_gather_work(
     setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
 ) -> ParamGathers:
-    """ZeRO-3 / FSDP: one parameter all-gather per local chunk (issued before its F and again before its B)."""
+    """The parameter gathers of ``stage`` (``param_gather_for_parameters``)."""
     signature = stage_signatures(setup)[stage]
     return param_gather_for_parameters(setup, signature_parameters(setup, signature), links, cache, signature)
 
@@ -331,7 +345,7 @@ def param_gather_for_parameters(
     over the layers) waits for the last unit (``pipeline_des``)."""
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
-    if plan.zero in (1, 2) and links["dp"].size > 1 and paces_param_gather(setup):
+    if paces_param_gather(setup):
         return bucket_paced_gathers(setup, links, cache, signature)
     if plan.zero != 3 or group.size <= 1:
         return NO_GATHERS
@@ -343,21 +357,16 @@ def param_gather_for_parameters(
         seconds = collective(Collective.ALL_GATHER, per_chunk, group)
         gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
         return ParamGathers((gather,) * plan.virtual_stages, (seconds,) * plan.virtual_stages, (0.0,) * plan.virtual_stages)
-    model = setup.model
-    table = _table_parameters_per_rank(setup)
-    stage_first = any(chunk[2] for chunk in signature)
-    layer_s: dict[bool, tuple[float, float]] = {}  # (16-bit bytes, seconds) of a dense / MoE layer
+    layer_s: dict[float, float] = {}  # seconds of a layer's 16-bit gather, by its bytes
     gathers, first_unit, tails = [], [], []
-    for dense, count, first, last, *_ in signature:
-        # the root unit: the tables signature_parameters gives the stage, on the chunk that uses them
-        root = (table if first else 0.0) + (table if last and (not model.tied_embeddings or not stage_first) else 0.0)
+    for root, layers in _chunk_parameters(setup, signature):
         units = [(root * 2.0, collective(Collective.ALL_GATHER, root * 2.0, group))] if root > 0.0 else []
-        for index in range(count):
-            moe = model.is_moe and index >= dense
-            if moe not in layer_s:
-                nbytes = _layer_parameters_per_rank(setup, moe) * 2.0
-                layer_s[moe] = (nbytes, collective(Collective.ALL_GATHER, nbytes, group))
-            units.append(layer_s[moe])
+        for layer in layers:
+            layer_bytes = layer * 2.0
+            if layer_bytes not in layer_s:
+                layer_s[layer_bytes] = collective(Collective.ALL_GATHER, layer_bytes, group)
+            units.append((layer_bytes, layer_s[layer_bytes]))
+        count = len(layers)
         nbytes = seconds = 0.0
         for unit_bytes, unit_s in units:
             nbytes += unit_bytes
