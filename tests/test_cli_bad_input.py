@@ -188,3 +188,14 @@ def test_outputs_past_the_context_warn(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_seed_negative_in_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert "workload.seed = -1 must be >= 0" in error_of(capsys, "simulate", SERVING, "--set", "workload.seed=-1")
+
+
+@pytest.mark.parametrize(
+    "assignment, fragment",
+    [
+        ("training.fsdp_unit=block", "[training] fsdp_unit = 'block'; allowed: layer, chunk"),
+        ("training.param_gather_pacing=eager", "[training] param_gather_pacing = 'eager'; allowed: bucket, free"),
+    ],
+)
+def test_data_parallel_stack_settings(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
+    assert fragment in error_of(capsys, "simulate", TRAINING, "--set", assignment)

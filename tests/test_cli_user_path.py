@@ -268,3 +268,20 @@ def test_json_output_is_strict(tmp_path: Path, capsys: pytest.CaptureFixture[str
     code, out, _ = run(capsys, "simulate", training_config(tmp_path), "--fidelity", "analytic", "--format", "json")
     data = json.loads(out, parse_constant=lambda name: pytest.fail(f"non-strict JSON constant {name}"))
     assert code == 0 and _finite_everywhere(data)
+
+
+def test_fsdp_units_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # examples/train-llama3-8b-fsdp.toml (ZeRO-3 on 8 H100, megatron-core): per-layer units let each pass
+    # start once the first unit is in, so the run is faster than one gather per chunk, in both fidelities
+    example = Path(__file__).parent.parent / "examples" / "train-llama3-8b-fsdp.toml"
+
+    def seconds(unit: str, fidelity: str) -> float:
+        code = main(["simulate", str(example), "--format", "json", "--fidelity", fidelity,
+                     "--set", f"training.fsdp_unit={unit}"])
+        out = capsys.readouterr().out
+        assert code == 0
+        return json.loads(out)["iteration_time_s"]
+
+    for fidelity in ("analytic", "des"):
+        assert seconds("layer", fidelity) < seconds("chunk", fidelity)
+    assert seconds("layer", "analytic") == pytest.approx(seconds("layer", "des"), rel=0.01)
