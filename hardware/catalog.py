@@ -134,6 +134,8 @@ def _gpu(t: _Table) -> GpuSpec:
         sustained_clock_source=t.take("sustained_clock_source", str, default=""),
         reported_memory_bytes=t.quantity("reported_memory", _BYTES, default=0.0) or None,
         reported_memory_source=t.take("reported_memory_source", str, default=""),
+        runtime_memory_bytes=t.quantity("runtime_memory", _BYTES, default=0.0) or None,
+        runtime_memory_source=t.take("runtime_memory_source", str, default=""),
     )
     t.done()
     if spec.reported_memory_bytes is not None:
@@ -144,6 +146,14 @@ def _gpu(t: _Table) -> GpuSpec:
             )
         if not spec.reported_memory_source:
             raise CatalogError(f"gpu {spec.name}: reported_memory needs reported_memory_source")
+    if spec.runtime_memory_bytes is not None:
+        if spec.runtime_memory_bytes > spec.driver_memory_bytes:
+            raise CatalogError(
+                f"gpu {spec.name}: runtime_memory = {spec.runtime_memory_bytes / units.MiB:g} MiB must be at most "
+                f"the driver's total {spec.driver_memory_bytes / units.MiB:g} MiB (reported_memory, else hbm_capacity)"
+            )
+        if not spec.runtime_memory_source:
+            raise CatalogError(f"gpu {spec.name}: runtime_memory needs runtime_memory_source")
     if spec.sustained_clock_Hz is not None:
         if not 0.0 < spec.sustained_clock_Hz <= spec.boost_clock_Hz:
             raise CatalogError(

@@ -110,20 +110,31 @@ class GpuSpec:
     # (MAMF) was measured between idle gaps (see that function).
     sustained_clock_Hz: float | None = None
     sustained_clock_source: str = ""
-    # Device memory the driver reports (NVML total: what nvidia-smi prints and what serving engines size
-    # their KV cache from); None: not given, the datasheet ``hbm_capacity_bytes`` is used
-    # (``engine_memory_bytes``). The H100 SXM 80GB reports 81,559 MiB of its 80 GiB.
+    # Device memory the driver reports (NVML total: what nvidia-smi prints and what trtllm-bench's
+    # engine heuristic reads); None: not given, the datasheet ``hbm_capacity_bytes`` is used
+    # (``driver_memory_bytes``). The H100 SXM 80GB reports 81,559 MiB of its 80 GiB.
     reported_memory_bytes: float | None = None
     reported_memory_source: str = ""
+    # Device memory the CUDA runtime reports (cudaMemGetInfo's total, torch.cuda.mem_get_info): what
+    # serving engines size their KV cache from (``engine_memory_bytes``), a little less than NVML's
+    # total (79.11 GiB of the H100 SXM 80GB's 81,559 MiB); None: not given, NVML's total is used.
+    runtime_memory_bytes: float | None = None
+    runtime_memory_source: str = ""
     # Measured corrections of the cost model (``hardware.calibration``): the shipped profile of this
     # GPU, a ``[cluster] calibration`` file, or None for the analytic defaults alone.
     calibration: CalibrationProfile | None = None
 
     @property
-    def engine_memory_bytes(self) -> float:
-        """Device memory a serving engine sees and sizes its KV cache from: the driver-reported total
-        where the catalog gives it, else the datasheet capacity."""
+    def driver_memory_bytes(self) -> float:
+        """Device memory NVML reports (nvidia-smi's total) where the catalog gives it, else the
+        datasheet capacity."""
         return self.reported_memory_bytes if self.reported_memory_bytes is not None else self.hbm_capacity_bytes
+
+    @property
+    def engine_memory_bytes(self) -> float:
+        """Device memory a serving engine sees and sizes its KV cache from: the CUDA runtime's total
+        where the catalog gives it, else ``driver_memory_bytes``."""
+        return self.runtime_memory_bytes if self.runtime_memory_bytes is not None else self.driver_memory_bytes
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s at ``precision``; raises if the chip has no such format."""

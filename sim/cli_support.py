@@ -186,7 +186,8 @@ def verbose_report(result: Any, resolved: Mapping[str, Any]) -> None:
             m = pool.memory
             lines.append(
                 f"{pool.role} memory per GPU: budget {m.budget_bytes / gib:.2f} GiB = weights {m.weights_bytes / gib:.2f}"
-                f" + workspace {m.workspace_bytes / gib:.2f} + NCCL {m.comm_bytes / gib:.2f} + KV {max(m.kv_bytes, 0) / gib:.2f} GiB"
+                f" + workspace {m.workspace_bytes / gib:.2f} + NCCL {m.comm_bytes / gib:.2f} + runtime {m.runtime_bytes / gib:.2f}"
+                f" + KV {max(m.kv_bytes, 0) / gib:.2f} GiB"
                 f" ({m.num_blocks:,} blocks of {m.block_size} tokens, {m.kv_bytes_per_token:,.0f} B per token per GPU)"
             )
     print("\n".join(lines), file=sys.stderr)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from hardware.units import GiB, us
+from hardware.units import GiB, MiB, us
 from sim.errors import ConfigError
 from sim.stacks import get_stack, resolve_settings
 from sim.serving.schedulers import PREEMPTION_MODES
@@ -31,7 +31,7 @@ SERVING_KEYS = (
     "chunked_prefill", "preemption_mode", "swap_space_GiB", "step_overhead_us", "request_overhead_us",
     "max_model_len", "disaggregated", "speculative", "framework", "decode_attention", "kv_cache_memory",
     "tp_all_reduce", "custom_all_reduce_max_bytes", "cuda_graph_padding", "tp_logits", "api_server_token_overhead_us",
-    "api_server", "custom_all_reduce_launch",
+    "api_server", "custom_all_reduce_launch", "runtime_reserve_MiB", "decoder_buffers",
 )
 DISAGGREGATED_KEYS = ("prefill_replicas", "decode_replicas", "prefill_tp", "decode_tp")
 SPECULATIVE_KEYS = ("method", "draft_model", "num_speculative_tokens", "acceptance_rate", "draft_free_overhead")
@@ -100,6 +100,11 @@ class ServingSpec:
     # what gpu_memory_utilization is a fraction of: "total_fraction" (vLLM: the whole GPU; KV gets the
     # rest after weights) | "free_fraction" (TensorRT-LLM: the memory left free after weights)
     kv_cache_memory: str = "total_fraction"
+    # device memory the serving process holds outside its own allocations (CUDA context, library
+    # handles and workspaces) that its KV budget loses, bytes (sim.serving.capacity.replica_memory)
+    runtime_reserve_bytes: float = 0.0
+    # what the stack keeps per sequence slot for sampling: "logits" | "trtllm" (sim.serving.capacity)
+    decoder_buffers: str = "logits"
     # the kernel of tensor-parallel all-reduces: "nccl", or a serving framework's own all-reduce
     # ("trtllm", "vllm", "sglang"), priced from the calibration profile's measured curve of it
     tp_all_reduce: str = "nccl"
@@ -179,6 +184,8 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
         framework=stack.name,
         decode_attention=settings["decode_attention"],
         kv_cache_memory=settings["kv_cache_memory"],
+        runtime_reserve_bytes=settings["runtime_reserve_MiB"] * MiB,
+        decoder_buffers=settings["decoder_buffers"],
         tp_all_reduce=settings["tp_all_reduce"],
         tp_logits=settings["tp_logits"],
         custom_all_reduce_launch=settings["custom_all_reduce_launch"],

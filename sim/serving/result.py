@@ -84,7 +84,7 @@ class ServingResult:
                 "kv_capacity_tokens": m.capacity_tokens,
                 "memory_bytes": {
                     "weights": m.weights_bytes, "kv_cache": max(m.kv_bytes, 0.0),
-                    "activations": m.workspace_bytes, "other": m.comm_bytes,
+                    "activations": m.workspace_bytes, "other": m.comm_bytes + m.runtime_bytes,
                 },
                 "fits_in_memory": m.fits,
                 "shortfall_bytes": m.shortfall_bytes,

@@ -151,7 +151,8 @@ def build_system(
             shape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
             max_batched_tokens=spec.chunk_size if spec.scheduler == "sarathi" else spec.max_batched_tokens,
             max_num_seqs=spec.max_num_seqs, kv_cache_memory=spec.kv_cache_memory,
-            gathered_logits=spec.tp_logits == "all_gather",
+            gathered_logits=spec.tp_logits == "all_gather", runtime_reserve_bytes=spec.runtime_reserve_bytes,
+            decoder_buffers=spec.decoder_buffers, max_seq_len=spec.max_model_len or model.max_seq_len,
         )
         overhead = spec.speculative.draft_free_overhead if spec.speculative else 0.0
         cost = StepCostModel(
@@ -310,7 +311,7 @@ def check_room_for_kv(system: ServingSystem) -> None:
         raise ConfigError(
             f"no room for the KV cache on {pool.role} (tp {pool.shape.tp}, pp {pool.shape.pp}, "
             f"{system.spec.weight_precision} weights): weights need {m.weights_bytes / gib:.2f} GiB and workspace "
-            f"{(m.workspace_bytes + m.comm_bytes) / gib:.2f} GiB of the {m.budget_bytes / gib:.2f} GiB per GPU the engine may use "
+            f"{(m.workspace_bytes + m.comm_bytes + m.runtime_bytes) / gib:.2f} GiB of the {m.budget_bytes / gib:.2f} GiB per GPU the engine may use "
             f"(serving.gpu_memory_utilization {system.spec.gpu_memory_utilization} x {system.cluster.gpu.engine_memory_bytes / gib:.2f} GiB of device memory); "
             f"short {m.shortfall_bytes / gib:.2f} GiB: raise serving.tp or pp, or use a smaller weight_precision"
         )

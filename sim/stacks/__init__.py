@@ -67,6 +67,8 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "block_size": ("serving", int),
         "tp_logits": ("serving", ("shard", "all_gather")),
         "custom_all_reduce_launch": ("serving", ("collective", "kernel")),
+        "runtime_reserve_MiB": ("serving", float),
+        "decoder_buffers": ("serving", ("logits", "trtllm")),
     },
 }
 

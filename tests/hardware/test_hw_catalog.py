@@ -390,6 +390,9 @@ def test_pcie_switch_sharing_from_the_system_topologies() -> None:
         ("h100_sxm_80gb", "reported_memory_MiB = 81559", "reported_memory_MiB = 82000",
          "reported_memory = 82000 MiB must be at most hbm_capacity = 81920 MiB"),
         ("h100_sxm_80gb", 'reported_memory_source = "', 'notes = "', "reported_memory needs reported_memory_source"),
+        ("h100_sxm_80gb", "runtime_memory_GiB = 79.11", "runtime_memory_GiB = 79.9",
+         r"runtime_memory = 81817.6 MiB must be at most the driver's total 81559 MiB"),
+        ("h100_sxm_80gb", 'runtime_memory_source = "', 'notes = "', "runtime_memory needs runtime_memory_source"),
     ],
 )
 def test_loader_checks_the_sustained_clock_and_reported_memory(
@@ -403,9 +406,13 @@ def test_loader_checks_the_sustained_clock_and_reported_memory(
         load_catalog(catalog_copy)
 
 
-def test_engine_memory_is_the_reported_total_where_given() -> None:
-    """Serving engines size their KV cache from the memory the driver reports: 81,559 MiB on an H100
-    SXM 80GB (nvidia-smi / NVML), the datasheet capacity where the catalog gives no reported figure."""
+def test_engine_memory_is_the_runtime_total_where_given() -> None:
+    """Serving engines size their KV cache from the memory the CUDA runtime reports (cudaMemGetInfo):
+    79.11 GiB on an H100 SXM 80GB, less than NVML's 81,559 MiB (nvidia-smi, what trtllm-bench's
+    heuristic reads), itself less than the datasheet 80 GiB; the datasheet where the catalog gives
+    neither figure."""
     h100, a100 = get_gpu("h100-sxm-80gb"), get_gpu("a100-sxm-80gb")
-    assert h100.engine_memory_bytes == 81559 * units.MiB < h100.hbm_capacity_bytes == 80 * units.GiB
-    assert a100.reported_memory_bytes is None and a100.engine_memory_bytes == a100.hbm_capacity_bytes
+    assert h100.engine_memory_bytes == 79.11 * units.GiB < h100.driver_memory_bytes == 81559 * units.MiB
+    assert h100.driver_memory_bytes < h100.hbm_capacity_bytes == 80 * units.GiB
+    assert a100.reported_memory_bytes is None and a100.runtime_memory_bytes is None
+    assert a100.engine_memory_bytes == a100.driver_memory_bytes == a100.hbm_capacity_bytes

@@ -329,11 +329,17 @@ def test_kv_cache_memory_rule_of_the_stack() -> None:
     args = dict(gpu_memory_utilization=0.9, block_size=16, max_batched_tokens=8192, max_num_seqs=256)
     vllm = replica_memory(shape, **args)
     trt = replica_memory(shape, kv_cache_memory="free_fraction", **args)
-    # both out of the memory the driver reports (81,559 MiB on an H100 SXM 80GB), not the datasheet 80 GiB
-    reported = 81559 * 2**20
-    left = reported - vllm.weights_bytes - vllm.workspace_bytes - vllm.comm_bytes
-    assert vllm.kv_bytes == pytest.approx(left - 0.1 * reported)
+    # both out of the memory the CUDA runtime reports (79.11 GiB on an H100 SXM 80GB), not NVML's
+    # 81,559 MiB nor the datasheet 80 GiB
+    runtime_total = 79.11 * 2**30
+    left = runtime_total - vllm.weights_bytes - vllm.workspace_bytes - vllm.comm_bytes
+    assert vllm.kv_bytes == pytest.approx(left - 0.1 * runtime_total)
     assert trt.kv_bytes == pytest.approx(0.9 * left)
+    # memory the process holds outside its own allocations comes off what either budget leaves KV
+    reserve = 791 * 2**20
+    assert replica_memory(shape, runtime_reserve_bytes=reserve, **args).kv_bytes == pytest.approx(vllm.kv_bytes - reserve)
+    held = replica_memory(shape, kv_cache_memory="free_fraction", runtime_reserve_bytes=reserve, **args)
+    assert held.kv_bytes == pytest.approx(0.9 * (left - reserve))
     from sim.serving.config import parse_serving
 
     assert parse_serving({"framework": "trtllm"}).kv_cache_memory == "free_fraction"
