@@ -80,6 +80,17 @@ class _Table:
             raise CatalogError(f"{self._where}: unknown keys {sorted(self._data)}")
 
 
+def _check_memory_total(gpu: str, field: str, value: float | None, source: str, ceiling: float, ceiling_name: str) -> None:
+    """A memory total some software reports (``field``, None when not given) fits under ``ceiling``
+    and names its source."""
+    if value is None:
+        return
+    if value > ceiling:
+        raise CatalogError(f"gpu {gpu}: {field} = {value / units.MiB:g} MiB must be at most {ceiling_name} = {ceiling / units.MiB:g} MiB")
+    if not source:
+        raise CatalogError(f"gpu {gpu}: {field} needs {field}_source")
+
+
 def _gpu(t: _Table) -> GpuSpec:
     peaks = t.sub("peak_TFLOPS")
     assert peaks is not None
@@ -138,22 +149,10 @@ def _gpu(t: _Table) -> GpuSpec:
         runtime_memory_source=t.take("runtime_memory_source", str, default=""),
     )
     t.done()
-    if spec.reported_memory_bytes is not None:
-        if spec.reported_memory_bytes > spec.hbm_capacity_bytes:
-            raise CatalogError(
-                f"gpu {spec.name}: reported_memory = {spec.reported_memory_bytes / units.MiB:g} MiB must be at most "
-                f"hbm_capacity = {spec.hbm_capacity_bytes / units.MiB:g} MiB"
-            )
-        if not spec.reported_memory_source:
-            raise CatalogError(f"gpu {spec.name}: reported_memory needs reported_memory_source")
-    if spec.runtime_memory_bytes is not None:
-        if spec.runtime_memory_bytes > spec.driver_memory_bytes:
-            raise CatalogError(
-                f"gpu {spec.name}: runtime_memory = {spec.runtime_memory_bytes / units.MiB:g} MiB must be at most "
-                f"the driver's total {spec.driver_memory_bytes / units.MiB:g} MiB (reported_memory, else hbm_capacity)"
-            )
-        if not spec.runtime_memory_source:
-            raise CatalogError(f"gpu {spec.name}: runtime_memory needs runtime_memory_source")
+    _check_memory_total(spec.name, "reported_memory", spec.reported_memory_bytes, spec.reported_memory_source,
+                        spec.hbm_capacity_bytes, "hbm_capacity")
+    _check_memory_total(spec.name, "runtime_memory", spec.runtime_memory_bytes, spec.runtime_memory_source,
+                        spec.driver_memory_bytes, "the driver's total (reported_memory, else hbm_capacity)")
     if spec.sustained_clock_Hz is not None:
         if not 0.0 < spec.sustained_clock_Hz <= spec.boost_clock_Hz:
             raise CatalogError(
