@@ -43,10 +43,9 @@ from sim.config import reject_unknown_keys, resolve_model, section
 from sim.errors import ConfigError
 from sim.runner import RunOptions
 from sim.serving.analytic import static_batch_times
-from sim.serving.capacity import replica_memory
 from sim.serving.config import SCHEDULERS, parse_serving
 from sim.serving.metrics import SloSpec, parse_slo, summarize
-from sim.serving.run import simulate_serving
+from sim.serving.run import simulate_serving, spec_replica_memory
 from sim.serving.stepcost import ReplicaShape, StepCostModel
 from sim.toml_writer import dumps as toml_dumps
 from hardware.topology import build_cluster
@@ -270,10 +269,9 @@ def parse_fleet(config: Mapping[str, Any], options: SearchOptions) -> FleetSpace
                 roles = ("prefill", "decode") if scheduler == "disaggregated" else ("replica",)
                 for num_seqs in seqs:
                     for chunk in (chunks if scheduler == "sarathi" else (chunks[0],)):
-                        memory = replica_memory(
-                            rshape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
+                        memory = spec_replica_memory(
+                            spec, rshape, max_num_seqs=num_seqs,
                             max_batched_tokens=chunk if scheduler == "sarathi" else spec.max_batched_tokens,
-                            max_num_seqs=num_seqs,
                         )
                         if not memory.fits:
                             pruned["does_not_fit_in_memory"] = pruned.get("does_not_fit_in_memory", 0) + 1

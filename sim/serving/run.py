@@ -122,6 +122,17 @@ class ServingSystem:
     stage_cost_override: StageCost | None = None
 
 
+def spec_replica_memory(spec: ServingSpec, shape: ReplicaShape, *, max_num_seqs: int, max_batched_tokens: int) -> ReplicaMemory:
+    """The memory plan of one replica of ``shape`` under the serving stack's rules (``spec``: its KV
+    budget rule, runtime reserve, sampling buffers and longest sequence)."""
+    return replica_memory(
+        shape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
+        max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs, kv_cache_memory=spec.kv_cache_memory,
+        gathered_logits=spec.tp_logits == "all_gather", runtime_reserve_bytes=spec.runtime_reserve_bytes,
+        decoder_buffers=spec.decoder_buffers, max_seq_len=spec.max_model_len or shape.model.max_seq_len,
+    )
+
+
 def build_system(
     spec: ServingSpec, model: ModelSpec, cluster: Cluster, *, step_cost: StepCost | None = None,
     capacity_blocks: int | None = None, stage_cost: StageCost | None = None,
@@ -147,12 +158,9 @@ def build_system(
             model=model, cluster=cluster, tp=tp, pp=spec.pp, ep=ep, weight_precision=spec.weight_precision,
             kv_precision=spec.kv_precision, activation_precision=spec.activation_precision, first_rank=first,
         )
-        memory = replica_memory(
-            shape, gpu_memory_utilization=spec.gpu_memory_utilization, block_size=spec.block_size,
+        memory = spec_replica_memory(
+            spec, shape, max_num_seqs=spec.max_num_seqs,
             max_batched_tokens=spec.chunk_size if spec.scheduler == "sarathi" else spec.max_batched_tokens,
-            max_num_seqs=spec.max_num_seqs, kv_cache_memory=spec.kv_cache_memory,
-            gathered_logits=spec.tp_logits == "all_gather", runtime_reserve_bytes=spec.runtime_reserve_bytes,
-            decoder_buffers=spec.decoder_buffers, max_seq_len=spec.max_model_len or model.max_seq_len,
         )
         overhead = spec.speculative.draft_free_overhead if spec.speculative else 0.0
         cost = StepCostModel(

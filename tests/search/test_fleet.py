@@ -128,3 +128,21 @@ def test_goodput_within_budget_sheds_what_the_budget_cannot_buy():
     assert 0 < fleet.served_rate_per_s < 60.0
     assert m["shed_requests"] > 0 and m["admitted_slo_attainment"] >= 0.9 and result.feasible
     assert m["slo_attainment"] == pytest.approx(m["admitted_slo_attainment"] * (1 - m["shed_requests"] / 120))
+
+
+def test_memory_pruning_follows_the_serving_stack():
+    # Llama 3 70B at TP 2 on H100 with 8,192 sequence slots: vLLM's fp32 logits (2 GiB) leave KV room;
+    # TensorRT-LLM's runtime and decoder buffers for every slot (~2.9 MB each over its 128,256-entry
+    # vocabulary, 23 GiB) do not, so the planner prunes that shape as `llmsim simulate` would refuse it
+    def space(framework):
+        config = json.loads(json.dumps(SMALL))
+        config["model"] = {"name": "llama3-70b"}
+        config["serving"] = {"framework": framework}
+        config["search"].update(gpus=["h100-sxm-80gb"], prices_per_hour={"h100-sxm-80gb": 3.0}, instance_tp=[2],
+                                max_num_seqs=[256, 8192])
+        return parse_fleet(config, SearchOptions())
+
+    assert [s.max_num_seqs for s in space("vllm").shapes] == [256, 8192]
+    trtllm = space("trtllm")
+    assert [s.max_num_seqs for s in trtllm.shapes] == [256]
+    assert trtllm.pruned == {"does_not_fit_in_memory": 1}
