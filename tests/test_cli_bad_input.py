@@ -166,6 +166,12 @@ def test_inline_model_fields(inline: Path, capsys: pytest.CaptureFixture[str], a
     assert fragment in error_of(capsys, "simulate", inline, "--set", assignment)
 
 
+def test_inline_model_without_its_required_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(INLINE.replace("kv_heads = 16\n", "").replace("ffn_hidden = 4096\n", ""))
+    assert "error: [model]: missing keys 'kv_heads', 'ffn_hidden'" == error_of(capsys, "simulate", path)
+
+
 def test_model_name_of_the_wrong_type(capsys: pytest.CaptureFixture[str]) -> None:
     assert "[model] name = 1 must be a string" in error_of(capsys, "simulate", TRAINING, "--set", "model.name=1")
 

@@ -13,6 +13,9 @@ from workloads.model import ModelSpec
 
 MODELS_DIR = Path(__file__).parent / "catalog" / "models"
 _FIELDS = {f.name: f for f in dataclasses.fields(ModelSpec)}
+_REQUIRED = tuple(
+    name for name, f in _FIELDS.items() if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
 
 
 def model_from_mapping(data: Mapping[str, Any], where: str) -> ModelSpec:
@@ -37,10 +40,10 @@ def model_from_mapping(data: Mapping[str, Any], where: str) -> ModelSpec:
                 raise ModelCatalogError(f"{where}: '{key}' = {value!r} must be a number")
             value = float(value)
         values[key] = value
-    try:
-        return ModelSpec(**values)
-    except TypeError as exc:
-        raise ModelCatalogError(f"{where}: {exc}") from None
+    missing = [key for key in _REQUIRED if key not in values]
+    if missing:
+        raise ModelCatalogError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(repr(k) for k in missing)}")
+    return ModelSpec(**values)
 
 
 def load_models(directory: Path | str = MODELS_DIR) -> dict[str, ModelSpec]:
