@@ -108,6 +108,8 @@ def read_csv(path: str | Path):
     import pandas as pd
 
     path = Path(path)
+    if path.is_dir():
+        raise MeasurementError(f"measurements file {str(path)!r} is a folder, not a CSV file")
     try:
         frame = pd.read_csv(path, dtype={c: "string" for c in PROVENANCE_COLUMNS + ("op", "precision", "kv_precision", "extra", "causal")})
     except FileNotFoundError:
@@ -124,9 +126,27 @@ def read_csv(path: str | Path):
         if column not in frame.columns:
             frame[column] = pd.NA
     for column in INTEGER_COLUMNS:
-        frame[column] = pd.to_numeric(frame[column], errors="raise").astype("Int64")
+        frame[column] = _numbers(frame[column], path, integer=True).astype("Int64")
     frame["causal"] = frame["causal"].map({True: True, False: False, "true": True, "false": False, "True": True, "False": False})
-    frame["latency_s"] = pd.to_numeric(frame["latency_s"], errors="raise").astype(float)
-    if not (frame["latency_s"] > 0).all():
-        raise MeasurementError(f"measurements file {str(path)!r}: latency_s must be > 0 on every row")
+    frame["latency_s"] = _numbers(frame["latency_s"], path, integer=False).astype(float)
+    if not (frame["latency_s"].between(0, float("inf"), inclusive="neither")).all():
+        raise MeasurementError(f"measurements file {str(path)!r}: latency_s must be > 0 and finite on every row")
     return frame[list(COLUMNS)]
+
+
+def _numbers(column, path: Path, *, integer: bool):  # type: ignore[no-untyped-def]
+    """A CSV column as numbers; ``MeasurementError`` naming the column, the data row and the value
+    of the first entry that is not a number (or, for shape columns, not a whole number)."""
+    import pandas as pd
+
+    values = pd.to_numeric(column, errors="coerce")
+    bad = column.notna() & values.isna()
+    if integer:
+        bad |= values.notna() & ((values != values.round()) | (values.abs() == float("inf")))
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        kind = "an integer" if integer else "a number"
+        raise MeasurementError(
+            f"measurements file {str(path)!r}: {column.name} = '{column.iloc[row]}' on data row {row + 1} is not {kind}"
+        )
+    return values
