@@ -11,6 +11,7 @@ applies (``DEFAULT_FRAMEWORK``).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from functools import cache
@@ -102,6 +103,8 @@ def _check_value(kind: str, key: str, value: Any, where: str) -> Any:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         raise ConfigError(f"{where} {key} = {value!r} must be a number >= 0")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} {key} = {value!r} must be a finite number >= 0")
     return float(value)
 
 
