@@ -286,17 +286,19 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     """Resolve model, cluster, job and plan; raise ConfigError / InvalidPlanError naming the rule.
     ``base_dir``: the config file's folder (a ``file:`` schedule resolves against it)."""
     training = section(config, "training")
+    # [training]'s own keys first: an inline model's max_seq_len defaults to seq_len, so a missing or
+    # misspelled seq_len would otherwise surface as "[model]: missing key 'max_seq_len'"
+    reject_unknown_keys(training, "training", TRAINING_KEYS)
+    for key in ("seq_len", "global_batch"):
+        if key not in training:
+            raise ConfigError(f"[training] needs '{key}'")
     seq_len = training.get("seq_len")
     model = resolve_model(config, default_max_seq_len=seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None)
     parallel = section(config, "parallel", required=False)
-    reject_unknown_keys(training, "training", TRAINING_KEYS)
     checkpoint, failures = parse_checkpoint(training.get("checkpoint")), parse_failures(training.get("failures"))
     if failures is not None and checkpoint is None:
         raise ConfigError("[training.failures] needs [training.checkpoint] (interval_s, storage_Bps_per_node): without checkpoints a failure loses the whole run")
     reject_unknown_keys(parallel, "parallel", PARALLEL_KEYS)
-    for key in ("seq_len", "global_batch"):
-        if key not in training:
-            raise ConfigError(f"[training] needs '{key}'")
     for key, limit in (("seq_len", MAX_SEQ_LEN), ("global_batch", MAX_GLOBAL_BATCH), ("micro_batch", MAX_GLOBAL_BATCH)):
         value = training.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > limit:
