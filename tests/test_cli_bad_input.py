@@ -205,3 +205,67 @@ def test_seed_negative_in_the_file(capsys: pytest.CaptureFixture[str]) -> None:
 )
 def test_data_parallel_stack_settings(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
     assert fragment in error_of(capsys, "simulate", TRAINING, "--set", assignment)
+
+
+# ---- stack settings, measurement files and key order (fuzzing, round 2) --------------------------------
+
+
+@pytest.mark.parametrize(
+    "assignment, fragment",
+    [
+        ("training.fp8_bf16_edge_layers=nan", "[training] fp8_bf16_edge_layers = nan must be a finite number >= 0"),
+        ("training.fp8_bf16_edge_layers=inf", "[training] fp8_bf16_edge_layers = inf must be a finite number >= 0"),
+        ("training.host_forward_op_us=inf", "[training] host_forward_op_us = inf must be a finite number >= 0"),
+        ("training.host_backward_op_us=nan", "[training] host_backward_op_us = nan must be a finite number >= 0"),
+    ],
+)
+def test_training_stack_settings_not_finite(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
+    assert fragment in error_of(capsys, "simulate", TRAINING, "--fidelity", "analytic", "--set", assignment)
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("step_overhead_us = nan", "[serving] step_overhead_us = nan must be a finite number >= 0"),
+        ("request_overhead_us = inf", "[serving] request_overhead_us = inf must be a finite number >= 0"),
+        ("runtime_reserve_MiB = nan", "[serving] runtime_reserve_MiB = nan must be a finite number >= 0"),
+        ("custom_all_reduce_max_bytes = inf", "[serving] custom_all_reduce_max_bytes = inf must be a finite number >= 0"),
+        ("api_server_token_overhead_us = nan", "[serving] api_server_token_overhead_us = nan must be a finite number >= 0"),
+    ],
+)
+def test_serving_stack_settings_not_finite(capsys: pytest.CaptureFixture[str], tmp_path: Path, line: str,
+                                           fragment: str) -> None:
+    assert fragment in serving_error(capsys, tmp_path, line)
+
+
+@pytest.mark.parametrize("line, fragment", [("", "[training] needs 'seq_len'"),
+                                            ("seq_lens = 1024\n", "[training] unknown key 'seq_lens'; allowed: seq_len, ")])
+def test_training_keys_checked_before_the_inline_model(tmp_path: Path, capsys: pytest.CaptureFixture[str], line: str,
+                                                       fragment: str) -> None:
+    """An inline model's max_seq_len defaults to seq_len: a missing or misspelled seq_len is named as
+    such, not as "[model]: missing key 'max_seq_len'"."""
+    path = tmp_path / "c.toml"
+    path.write_text(INLINE.replace("seq_len = 1024\n", line))
+    assert fragment in error_of(capsys, "simulate", path)
+
+
+@pytest.mark.parametrize(
+    "content, fragment",
+    [
+        (None, "is a folder, not a CSV file"),
+        ("op,precision,m,n,k,latency_s\ngemm,bf16,1024,1024,1024,1e-4\ngemm,bf16,abc,1024,1024,2e-4\n",
+         "m = 'abc' on data row 2 is not an integer"),
+        ("op,precision,m,n,k,latency_s\ngemm,bf16,1024.5,1024,1024,1e-4\n", "m = '1024.5' on data row 1 is not an integer"),
+        ("op,precision,m,n,k,latency_s\ngemm,bf16,1024,1024,1024,fast\n", "latency_s = 'fast' on data row 1 is not a number"),
+        ("op,precision,m,n,k,latency_s\ngemm,bf16,1024,1024,1024,inf\n", "latency_s must be > 0 and finite on every row"),
+    ],
+)
+def test_malformed_measurement_files(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None,
+                                     fragment: str) -> None:
+    path = tmp_path / "m.csv"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    line = error_of(capsys, "validate", "--measurements", path)
+    assert line.startswith(f"error: measurements file '{path}'") and fragment in line
