@@ -269,3 +269,15 @@ def test_malformed_measurement_files(tmp_path: Path, capsys: pytest.CaptureFixtu
         path.write_text(content)
     line = error_of(capsys, "validate", "--measurements", path)
     assert line.startswith(f"error: measurements file '{path}'") and fragment in line
+
+
+def test_disaggregated_table_with_another_scheduler(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    err = serving_error(capsys, tmp_path, 'scheduler = "vllm"\n[serving.disaggregated]\nprefill_replicas = 1', num_gpus=2)
+    assert err == ("error: [serving.disaggregated] applies to scheduler = 'disaggregated' only, not 'vllm'; "
+                   "set serving.scheduler = 'disaggregated' or drop the table")
+
+
+def test_trace_with_a_synthetic_arrival(capsys: pytest.CaptureFixture[str]) -> None:
+    line = error_of(capsys, "simulate", TRACE, "--set", "workload.arrival='poisson'", "--set", "workload.rate_per_s=1.0")
+    assert line == ("error: workload.trace applies to arrival = 'trace' only, not 'poisson'; "
+                    "set arrival = 'trace' to replay it")

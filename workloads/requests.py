@@ -278,6 +278,9 @@ class WorkloadSpec:
             return
         if self.time_scale is not None:
             raise WorkloadError(f"workload.time_scale applies to arrival = 'trace' only, not {self.arrival!r}")
+        if self.trace is not None:
+            raise WorkloadError(f"workload.trace applies to arrival = 'trace' only, not {self.arrival!r}; "
+                                "set arrival = 'trace' to replay it")
         if self.arrival in ("poisson", "gamma") and self.rate_per_s is None:
             raise WorkloadError(f"workload.rate_per_s is required for arrival = {self.arrival!r}")
         for name in ("num_requests", "prompt_tokens", "output_tokens"):

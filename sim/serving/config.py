@@ -216,6 +216,9 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     if "max_model_len" in table:
         spec["max_model_len"] = _int(table, "max_model_len", w, 1)
     if "disaggregated" in table:
+        if spec["scheduler"] != "disaggregated":
+            raise ConfigError(f"[serving.disaggregated] applies to scheduler = 'disaggregated' only, not "
+                              f"{spec['scheduler']!r}; set serving.scheduler = 'disaggregated' or drop the table")
         spec["disaggregated"] = _parse_disaggregated(table["disaggregated"], spec["tp"])
     elif spec["scheduler"] == "disaggregated":
         spec["disaggregated"] = DisaggregatedSpec(
