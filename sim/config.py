@@ -18,7 +18,7 @@ from hardware.specs import GpuSpec
 from hardware.topology import Cluster, build_cluster
 from sim.errors import ConfigError
 from sim.notices import warn
-from workloads.catalog import get_model, model_from_mapping
+from workloads.catalog import default_models, get_model, model_from_mapping
 from workloads.errors import ModelCatalogError
 from workloads.model import ModelSpec
 
@@ -135,7 +135,12 @@ def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = N
             inline.setdefault("max_seq_len", default_max_seq_len)
         return model_from_mapping(inline, "[model]")
     except ModelCatalogError as exc:
-        raise ConfigError(str(exc)) from None
+        message, name = str(exc), table.get("name")
+        if "missing key" in message and name in default_models():
+            other = ", ".join(sorted(set(table) - {"name"}))
+            message += (f" (name = {name!r} is a catalog model: give the name alone to use it; with other keys "
+                        f"({other}) [model] is a whole inline architecture)")
+        raise ConfigError(message) from None
 
 
 MAX_NUM_GPUS = 1_000_000  # the largest clusters built are ~10^5 GPUs; the topology graph grows with it

@@ -281,3 +281,10 @@ def test_trace_with_a_synthetic_arrival(capsys: pytest.CaptureFixture[str]) -> N
     line = error_of(capsys, "simulate", TRACE, "--set", "workload.arrival='poisson'", "--set", "workload.rate_per_s=1.0")
     assert line == ("error: workload.trace applies to arrival = 'trace' only, not 'poisson'; "
                     "set arrival = 'trace' to replay it")
+
+
+def test_catalog_model_with_extra_keys_says_why_keys_are_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    line = error_of(capsys, "simulate", TRAINING, "--set", "model.max_seq_len=4096")
+    assert line.startswith("error: [model]: missing keys 'layers', 'hidden',") and line.endswith(
+        "(name = 'llama2-7b' is a catalog model: give the name alone to use it; with other keys (max_seq_len) "
+        "[model] is a whole inline architecture)")
