@@ -288,3 +288,11 @@ def test_catalog_model_with_extra_keys_says_why_keys_are_missing(capsys: pytest.
     assert line.startswith("error: [model]: missing keys 'layers', 'hidden',") and line.endswith(
         "(name = 'llama2-7b' is a catalog model: give the name alone to use it; with other keys (max_seq_len) "
         "[model] is a whole inline architecture)")
+
+
+@pytest.mark.parametrize("fidelity", ["des", "analytic"])
+def test_huge_virtual_stages_is_refused_before_placing_chunks(capsys: pytest.CaptureFixture[str], fidelity: str) -> None:
+    """The schedule's placement walks every model chunk: 10^18 of them hung before the pass limit was checked."""
+    line = error_of(capsys, "simulate", TRAINING, "--set", "parallel.schedule='interleaved'",
+                    "--set", "parallel.virtual_stages=1000000000000000000", "--fidelity", fidelity)
+    assert "virtual_stages 1000000000000000000 = 8,000,000,000,000,000,000 model chunks, past the limit of 131,072" in line

@@ -511,6 +511,13 @@ def validate_plan(
     for label, width in widths:
         if width % plan.tp:
             raise InvalidPlanError(f"parallel.tp {plan.tp} must divide the {label} {width} of model {model.name}")
+    chunks = plan.pp * plan.virtual_stages
+    if chunks > MAX_SCHEDULE_PASSES:  # checked before the placement, which walks every chunk
+        raise InvalidPlanError(
+            f"parallel.pp {plan.pp} x virtual_stages {plan.virtual_stages} = {chunks:,} model chunks, past the limit of "
+            f"{MAX_SCHEDULE_PASSES:,} scheduled passes (one per chunk per micro-batch); model {model.name} has "
+            f"{model.layers} layers"
+        )
     place = plan_placement(plan)
     stage_layer_counts(model.layers, plan, place)
     if plan.recompute_layers:  # without any, chunk_recompute_counts only repeats stage_layer_counts
