@@ -128,7 +128,10 @@ def resolve_model(config: Mapping[str, Any], default_max_seq_len: int | None = N
         raise ConfigError(f"[model] name = {table['name']!r} must be a string (a catalog model, see `llmsim catalog models`)")
     try:
         if set(table) == {"name"}:
-            return get_model(str(table["name"]))
+            try:
+                return get_model(str(table["name"]))
+            except ModelCatalogError as exc:
+                raise ConfigError(f"[model] name: {exc}") from None
         inline = dict(table)
         inline.setdefault("name", INLINE_MODEL_NAME)
         if default_max_seq_len is not None:

@@ -296,3 +296,8 @@ def test_huge_virtual_stages_is_refused_before_placing_chunks(capsys: pytest.Cap
     line = error_of(capsys, "simulate", TRAINING, "--set", "parallel.schedule='interleaved'",
                     "--set", "parallel.virtual_stages=1000000000000000000", "--fidelity", fidelity)
     assert "virtual_stages 1000000000000000000 = 8,000,000,000,000,000,000 model chunks, past the limit of 131,072" in line
+
+
+def test_unknown_catalog_model_names_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    line = error_of(capsys, "simulate", TRAINING, "--set", "model.name='llama3-8bb'")
+    assert line.startswith("error: [model] name: unknown model 'llama3-8bb'; known: bloom-176b, ")
