@@ -271,10 +271,15 @@ def test_malformed_measurement_files(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert line.startswith(f"error: measurements file '{path}'") and fragment in line
 
 
-def test_disaggregated_table_with_another_scheduler(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    err = serving_error(capsys, tmp_path, 'scheduler = "vllm"\n[serving.disaggregated]\nprefill_replicas = 1', num_gpus=2)
-    assert err == ("error: [serving.disaggregated] applies to scheduler = 'disaggregated' only, not 'vllm'; "
-                   "set serving.scheduler = 'disaggregated' or drop the table")
+def test_disaggregated_table_with_another_scheduler_warns(capsys: pytest.CaptureFixture[str]) -> None:
+    """Not an error: the disaggregated example is meant to be rerun colocated with --set serving.scheduler."""
+    example = ROOT / "examples" / "serve-disaggregated-h100.toml"
+    code = main(["simulate", str(example), "--set", "workload.num_requests=5", "--set", "serving.scheduler='vllm'",
+                 "--set", "serving.replicas=4", "--format", "json"])
+    captured = capsys.readouterr()
+    assert code == 0 and json.loads(captured.out)["completed"] == 5
+    assert ("warning: [serving.disaggregated] is ignored: serving.scheduler = 'vllm' (the table applies to "
+            "scheduler = 'disaggregated' only)") in captured.err.splitlines()
 
 
 def test_trace_with_a_synthetic_arrival(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from hardware.units import GiB, MiB, us
 from sim.errors import ConfigError
+from sim.notices import warn
 from sim.stacks import get_stack, resolve_settings
 from sim.serving.schedulers import PREEMPTION_MODES
 from workloads.model import ModelSpec
@@ -216,9 +217,9 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     if "max_model_len" in table:
         spec["max_model_len"] = _int(table, "max_model_len", w, 1)
     if "disaggregated" in table:
-        if spec["scheduler"] != "disaggregated":
-            raise ConfigError(f"[serving.disaggregated] applies to scheduler = 'disaggregated' only, not "
-                              f"{spec['scheduler']!r}; set serving.scheduler = 'disaggregated' or drop the table")
+        if spec["scheduler"] != "disaggregated":  # e.g. the disaggregated example run colocated with --set
+            warn(f"[serving.disaggregated] is ignored: serving.scheduler = {spec['scheduler']!r} (the table applies "
+                 "to scheduler = 'disaggregated' only)")
         spec["disaggregated"] = _parse_disaggregated(table["disaggregated"], spec["tp"])
     elif spec["scheduler"] == "disaggregated":
         spec["disaggregated"] = DisaggregatedSpec(
