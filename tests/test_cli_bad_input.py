@@ -306,3 +306,32 @@ def test_huge_virtual_stages_is_refused_before_placing_chunks(capsys: pytest.Cap
 def test_unknown_catalog_model_names_the_field(capsys: pytest.CaptureFixture[str]) -> None:
     line = error_of(capsys, "simulate", TRAINING, "--set", "model.name='llama3-8bb'")
     assert line.startswith("error: [model] name: unknown model 'llama3-8bb'; known: bloom-176b, ")
+
+
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        (["--holdout", "0.5", "--seed", "-1"], "error: --seed -1: must be >= 0 (it seeds the holdout split)"),
+        (["--max-median-error", "-1"], "error: --max-median-error -1.0: must be a finite fraction >= 0 (0.1 = 10 %)"),
+        (["--max-median-error", "nan"], "error: --max-median-error nan: must be a finite fraction >= 0 (0.1 = 10 %)"),
+    ],
+)
+def test_measurement_report_options(tmp_path: Path, capsys: pytest.CaptureFixture[str], options: list[str],
+                                    fragment: str) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("op,precision,m,n,k,latency_s\ngemm,bf16,1024,1024,1024,1e-4\ngemm,bf16,2048,1024,1024,2e-4\n")
+    assert error_of(capsys, "validate", "--measurements", path, "--gpu", "h100-sxm-80gb", *options) == fragment
+
+
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (["calibrate", "fit", "m.csv", "--gpu", "h100-sxm-80gb"], "profile.toml"),
+        (["calibrate", "import", "aiconfigurator", "."], "measurements.csv"),
+        (["calibrate", "run", "--device", "cpu", "--quick"], "measurements.csv"),
+    ],
+)
+def test_calibrate_out_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                        name: str) -> None:
+    line = error_of(capsys, *argv, "--out", tmp_path)
+    assert line == f"error: --out '{tmp_path}' is a folder; give a file name such as '{tmp_path / name}'"

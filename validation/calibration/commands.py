@@ -60,22 +60,32 @@ def _gpu_name(frame, given: str | None) -> str:
     return name
 
 
+def _out_file(path: str, example: str) -> Path:
+    """``--out`` of a command that writes one file: a folder there is an error, not a traceback."""
+    out = Path(path)
+    if out.is_dir():
+        raise MeasurementError(f"--out '{out}' is a folder; give a file name such as '{out / example}'")
+    return out
+
+
 def cmd_calibrate(args: argparse.Namespace, dumps) -> int:
     if args.action == "run":
         from validation.microbench import harness
 
         if args.gpu:
             get_gpu(args.gpu)
+        out = _out_file(args.out, "measurements.csv")  # before the sweep, not after it
         try:
             rows = harness.run(device=args.device, quick=args.quick, seed=args.seed, gpu=args.gpu)
         except RuntimeError as exc:
             raise MeasurementError(str(exc)) from None
-        count = write_csv(rows, args.out)
+        count = write_csv(rows, out)
         print(f"wrote {count} measurements to {args.out}")
         return 0
     if args.action == "import":
         from validation.calibration.aiconfigurator import import_system, write_measurements
 
+        _out_file(args.out, "measurements.csv")
         frame = import_system(args.path)
         if args.ops:
             ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -89,6 +99,7 @@ def cmd_calibrate(args: argparse.Namespace, dumps) -> int:
         return 0
     from validation.calibration.fit import coverage, fit_profile
 
+    _out_file(args.out, "profile.toml")
     frame = read_csv(args.measurements)
     name = _gpu_name(frame, args.gpu)
     precisions = [p.strip() for p in args.gemm_precisions.split(",") if p.strip()] if args.gemm_precisions else None

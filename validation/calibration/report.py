@@ -141,6 +141,10 @@ def measurement_report(
     """Analytic and calibrated errors per op kind (see the module docstring)."""
     if holdout is not None and not 0.0 < holdout < 1.0:
         raise MeasurementError(f"--holdout {holdout}: must be a fraction strictly between 0 and 1")
+    if seed < 0:
+        raise MeasurementError(f"--seed {seed}: must be >= 0 (it seeds the holdout split)")
+    if max_median_error is not None and not 0.0 <= max_median_error < float("inf"):
+        raise MeasurementError(f"--max-median-error {max_median_error}: must be a finite fraction >= 0 (0.1 = 10 %)")
     name = measurement_gpu(frame, gpu)
     try:
         spec = get_gpu(name)
