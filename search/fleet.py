@@ -157,8 +157,8 @@ def _positive(table: Mapping[str, Any], key: str, default: float | None) -> floa
     value = table.get(key, default)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(f"search.{key} = {value!r} must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ConfigError(f"search.{key} = {value!r} must be a positive finite number")
     return float(value)
 
 

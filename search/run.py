@@ -62,7 +62,7 @@ class SearchResult(Protocol):
 def search_goal(config: Mapping[str, Any]) -> str:
     """``[search] goal`` (default "training"), checked against the planners that exist."""
     goal = section(config, "search").get("goal", "training")
-    if goal not in PLANNERS:
+    if not isinstance(goal, str) or goal not in PLANNERS:
         raise ConfigError(f"[search] goal = {goal!r} must be one of {', '.join(PLANNERS)}")
     return goal
 

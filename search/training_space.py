@@ -108,6 +108,12 @@ def _list(search: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) ->
     if not values or any(not isinstance(v, kind) or (kind is int and isinstance(v, bool)) for v in values):
         name = {int: "integers", str: "strings", bool: "true/false"}.get(kind, "values")
         raise ConfigError(f"[search] {key} = {value!r} must be \"auto\" or a list of {name}")
+    if kind is int:  # degrees, sizes and batches count from 1; ZeRO stages are 0..3
+        allowed = ZERO_STAGES if key == "zero" else None
+        bad = [v for v in values if (v not in allowed if allowed else v < 1)]
+        if bad:
+            rule = f"in {', '.join(map(str, allowed))}" if allowed else ">= 1"
+            raise ConfigError(f"[search] {key} = {value!r}: {bad[0]} is not allowed; each value must be {rule}")
     return tuple(dict.fromkeys(values))  # first occurrence order, no duplicates
 
 
@@ -115,8 +121,8 @@ def _positive(search: Mapping[str, Any], key: str) -> float | None:
     value = search.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(f"[search] {key} = {value!r} must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ConfigError(f"[search] {key} = {value!r} must be a positive finite number")
     return float(value)
 
 

@@ -335,3 +335,26 @@ def test_calibrate_out_that_is_a_folder(tmp_path: Path, capsys: pytest.CaptureFi
                                         name: str) -> None:
     line = error_of(capsys, *argv, "--out", tmp_path)
     assert line == f"error: --out '{tmp_path}' is a folder; give a file name such as '{tmp_path / name}'"
+
+
+SEARCH_TRAINING = ROOT / "examples" / "search-gpt3-1t-a100.toml"
+SEARCH_FLEET = ROOT / "examples" / "search-fleet-llama3-70b.toml"
+
+
+@pytest.mark.parametrize(
+    "config, assignment, fragment",
+    [
+        (SEARCH_TRAINING, "search.goal=['fleet']", "[search] goal = ['fleet'] must be one of training, fleet, offload"),
+        (SEARCH_FLEET, "search.goal={}", "[search] goal = {} must be one of training, fleet, offload"),
+        (SEARCH_TRAINING, "search.cp=[0]", "[search] cp = [0]: 0 is not allowed; each value must be >= 1"),
+        (SEARCH_TRAINING, "search.tp=[-2, 4]", "[search] tp = [-2, 4]: -2 is not allowed; each value must be >= 1"),
+        (SEARCH_TRAINING, "search.zero=[1, 5]", "[search] zero = [1, 5]: 5 is not allowed; each value must be in 0, 1, 2, 3"),
+        (SEARCH_TRAINING, "search.train_tokens=nan", "[search] train_tokens = nan must be a positive finite number"),
+        (SEARCH_TRAINING, "search.budget_per_hour=inf", "[search] budget_per_hour = inf must be a positive finite number"),
+        (SEARCH_FLEET, "search.target_rate_per_s=inf", "search.target_rate_per_s = inf must be a positive finite number"),
+    ],
+)
+def test_search_table_values(capsys: pytest.CaptureFixture[str], config: Path, assignment: str, fragment: str) -> None:
+    """Each of these was a traceback (an unhashable goal; cp = 0 a ZeroDivisionError) or was accepted and
+    the search ran with it (nan / inf train_tokens, an infinite target rate)."""
+    assert fragment in error_of(capsys, "search", config, "--workers", "1", "--set", assignment)
