@@ -20,7 +20,7 @@ from typing import Any
 from search.run import SearchOptions, run_search
 from sim.runner import RunOptions
 from sim.training.run import simulate_training
-from validation.training_suite import _read, row_config
+from validation.training_suite import published_rows, row_config
 
 # axes left free; the published plan is one point of this space
 FREE = {"sequence_parallel": [False, True]}
@@ -77,7 +77,7 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=5, help="plans re-ranked with the DES per search")
     parser.add_argument("--features-2021", action="store_true", help="no ZeRO, no sequence parallelism")
     args = parser.parse_args()
-    rows = [r for r in _read("training.csv") if r["row"].startswith("narayanan-") and "Table 1" in r["citation"]]
+    rows = [r for r in published_rows("training.csv") if r["row"].startswith("narayanan-") and "Table 1" in r["citation"]]
     if args.rows:
         wanted = args.rows.split(",")
         rows = [r for r in rows if r["row"] in wanted]

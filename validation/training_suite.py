@@ -53,7 +53,8 @@ THRESHOLDS = (
 )
 
 
-def _read(name: str) -> list[dict[str, str]]:
+def published_rows(name: str) -> list[dict[str, str]]:
+    """The rows of one published table (validation/published/``name``), as strings."""
     with (PUBLISHED_DIR / name).open(newline="") as f:
         return list(csv.DictReader(f))
 
@@ -196,7 +197,7 @@ def iteration_rows(fidelity: str = "des", table: str = "training.csv", calibrati
     """Every row of ``table`` simulated exactly as ``llmsim simulate --fidelity FIDELITY`` runs its config
     (with ``[cluster] calibration = calibration`` when given, ``validation.published.with_calibration``)."""
     out = []
-    for row in _read(table):
+    for row in published_rows(table):
         config = with_calibration(row_config(row), calibration)
         metrics = simulate(config, RunOptions(fidelity=fidelity)).metrics()
         published_s = published_iteration_time_s(row, config)
@@ -218,7 +219,7 @@ def memory_comparisons() -> list[Comparison]:
     """Korthikanti et al. 2022 Figure 1: first-stage model states and activations per GPU (fp16,
     dp = 1, attention scores stored as in the paper's kernels)."""
     comparisons = []
-    for row in _read("training_memory.csv"):
+    for row in published_rows("training_memory.csv"):
         virtual = int(row["virtual_stages"])
         base = {
             "model": {"name": row["model"]},

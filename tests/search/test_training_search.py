@@ -229,9 +229,9 @@ def test_narayanan_table1_row_best_beats_the_published_plan() -> None:
     """Narayanan et al. 2021 Table 1, GPT 3.6B on 64 A100 (batch 512): with the model, GPU count and
     global batch fixed and the rest free, the best plan's DES throughput is at least that of the
     published plan (TP 2, full recompute) simulated the same way. All rows: benchmarks/search_narayanan_table1.py."""
-    from validation.training_suite import _read, row_config
+    from validation.training_suite import published_rows, row_config
 
-    row = next(r for r in _read("training.csv") if r["row"] == "narayanan-3.6b")
+    row = next(r for r in published_rows("training.csv") if r["row"] == "narayanan-3.6b")
     published = simulate_training(row_config(row), RunOptions(fidelity="des")).metrics()
     config = row_config(row)
     config.pop("parallel")

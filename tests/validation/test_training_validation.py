@@ -156,10 +156,10 @@ def test_network_floor_rule_counts_every_row_it_can_and_reports_the_one_it_canno
     # reduce-scattered once and bf16 parameters gathered once, 63/64 of each through each node's 4 x 12.5 GB/s
     # EFA at the measured 0.59: 6 bytes x 68.98e9 x 63/64 / 29.5 GB/s = 13.81 s, above the published 11.54 s
     from sim.training.config import parse_training
-    from validation.training_suite import (_read, data_parallel_network_floor_s, network_floor_exclusion,
+    from validation.training_suite import (published_rows, data_parallel_network_floor_s, network_floor_exclusion,
                                            published_iteration_time_s, row_config)
 
-    rows = {r["row"]: r for r in _read("training_modern.csv")}
+    rows = {r["row"]: r for r in published_rows("training_modern.csv")}
     config = row_config(rows["titan-llama2-70b-op-ac"])
     params = parse_training(config).model.total_parameters()
     floor = data_parallel_network_floor_s(config)
