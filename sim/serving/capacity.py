@@ -33,7 +33,8 @@ LOGIT_BYTES = 4.0
 # Checked against TensorRT-LLM's logs: NVIDIA/TensorRT-LLM issue #1188 (Qwen2.5-0.5B, V 151,936,
 # S 32,768, 2,048 slots: "2.66 GB" and "5.76 GB", GiB in its memory counters; the terms give 2.659 and
 # 5.762) and docs/source/reference/memory.md (V 32,000, S 2,048, 256 slots: 43.29 and 180.30 MiB; the
-# decoder of versions up to 0.13 held one more fp32 B x V buffer, its draft logits).
+# decoder of versions up to 0.13 held one more fp32 B x V buffer, its draft logits). Under pipeline
+# parallelism they sit on the last stage; the plan below counts them on the GPU it models, the first.
 DECODER_BUFFERS = ("logits", "trtllm")
 TRTLLM_SLOT_BYTES_PER_VOCAB = 4.0 + 16.0
 TRTLLM_SLOT_BYTES_PER_POSITION = 24.0 + 16.0
