@@ -8,8 +8,9 @@ a measurement of its own, so one short GPU session can size them.
    of the kernel rate, ``sim.training.costs.ATTENTION_DROPOUT_RATE``).
 2. Weight-gradient GEMMs that accumulate into fp32 main gradients (Megatron's
    gradient_accumulation_fusion): a bf16 GEMM alone, the same GEMM then an fp32 add into the main
-   gradient (the unfused form), and, where this torch has ``torch.mm(..., out_dtype=)``, a GEMM
-   writing fp32. The model prices the fp32 C traffic inside the GEMM's roofline.
+   gradient (the unfused form), and, where this torch has ``torch.mm(..., out_dtype=)``, the GEMM
+   writing fp32 itself. The model prices the fp32 C traffic inside the GEMM's roofline. Inputs are
+   not rotated through L2: the ratios, not the absolute times, are what to read.
 
     PYTHONPATH=. python benchmarks/gpu_small_model_kernels.py --out small_model_kernels.csv
     PYTHONPATH=. python benchmarks/gpu_small_model_kernels.py --device cpu   # tiny shapes, host clock
@@ -136,7 +137,7 @@ def wgrad_rows(torch: Any, device: str, s: RowShapes, timer: Any, warmup: int, r
         }
         try:
             torch.mm(x[:8].t(), dy[:8], out_dtype=torch.float32)
-            variants["fp32 out (out_dtype)"] = lambda: main_grad.add_(torch.mm(x.t(), dy, out_dtype=torch.float32))
+            variants["fp32 out (out_dtype)"] = lambda: torch.mm(x.t(), dy, out_dtype=torch.float32)
         except (TypeError, RuntimeError):
             pass
         for variant, call in variants.items():
