@@ -22,7 +22,8 @@ LOGIT_BYTES = 4.0
 # every one of its max_batch_size slots before it sizes the KV cache (TrtGptModelInflightBatching:
 # createBuffers, then createDecoder, logged as "runtime buffers" and "decoder"), on every TP rank over
 # the whole padded vocabulary V, with S the engine's max_seq_len and T its max_num_tokens:
-# - runtime buffers: the fp32 logits (4 V); cache indirection, once in the engine's and twice in the
+# - runtime buffers (the batch manager, closed source in 0.14: its 2024 copies and the later open
+#   decoderBuffers.cpp): the fp32 logits (4 V); cache indirection, once in the engine's and twice in the
 #   decoder's buffers, the decoder's fp32 log-probs and each slot's output ids and log-probs, int32 or
 #   fp32 per position (24 S); the step's int32 input ids (4 T);
 # - decoder (cpp/tensorrt_llm/runtime/gptDecoderBatched.cpp GptDecoderBatched::setup, gptDecoder.cpp
