@@ -60,7 +60,11 @@ def published_rows(name: str) -> list[dict[str, str]]:
 
 
 def _bool(text: str) -> bool:
-    return text.strip().lower() == "true"
+    """A true/false cell of a published table; anything else is a malformed row, not False."""
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"published table cell {text!r} must be true or false")
+    return value == "true"
 
 
 def row_config(row: dict[str, str]) -> dict[str, Any]:

@@ -171,3 +171,14 @@ def test_network_floor_rule_counts_every_row_it_can_and_reports_the_one_it_canno
     assert network_floor_exclusion(row_config(full), published_iteration_time_s(full, row_config(full))) == ""
     # a data-parallel group inside one node has no network floor (8 H100 FSDP, llm-foundry)
     assert data_parallel_network_floor_s(row_config(rows["foundry-mpt-3b-h100-8"])) == 0.0
+
+
+def test_a_malformed_true_false_cell_is_an_error_not_false() -> None:
+    # a shifted CSV row (an unquoted comma in a text cell) must not turn dp_comm_overlap into False
+    from validation.training_suite import published_rows, row_config
+
+    row = dict(next(r for r in published_rows("training.csv") if r["row"] == "mcore-h100-70b"))
+    assert row_config(row)["parallel"]["tp_comm_overlap"] is True
+    row["tp_comm_overlap"] = " one layer per virtual stage)"
+    with pytest.raises(ValueError, match="must be true or false"):
+        row_config(row)
