@@ -122,10 +122,17 @@ def test_empirical_lengths_from_a_binary_file(tmp_path: Path, capsys: pytest.Cap
         ("parallel.expert_load_imbalance=1e300", "[parallel] expert_load_imbalance = 1e+300"),
         ("training.global_batch=1099511627776", "[training] global_batch = 1099511627776 is past the limit 16,777,216"),
         ("cluster.num_gpus=1099511627776", "[cluster] num_gpus = 1099511627776 is past the limit 1,000,000"),
+        # stack settings: allowed values, finite numbers
+        ("training.fsdp_unit=block", "[training] fsdp_unit = 'block'; allowed: layer, chunk"),
+        ("training.param_gather_pacing=eager", "[training] param_gather_pacing = 'eager'; allowed: bucket, free"),
+        ("training.fp8_bf16_edge_layers=nan", "[training] fp8_bf16_edge_layers = nan must be a finite number >= 0"),
+        ("training.fp8_bf16_edge_layers=inf", "[training] fp8_bf16_edge_layers = inf must be a finite number >= 0"),
+        ("training.host_forward_op_us=inf", "[training] host_forward_op_us = inf must be a finite number >= 0"),
+        ("training.host_backward_op_us=nan", "[training] host_backward_op_us = nan must be a finite number >= 0"),
     ],
 )
 def test_training_numbers(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
-    assert fragment in error_of(capsys, "simulate", TRAINING, "--set", assignment)
+    assert fragment in error_of(capsys, "simulate", TRAINING, "--fidelity", "analytic", "--set", assignment)
 
 
 @pytest.mark.parametrize(
@@ -196,31 +203,7 @@ def test_seed_negative_in_the_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert "workload.seed = -1 must be >= 0" in error_of(capsys, "simulate", SERVING, "--set", "workload.seed=-1")
 
 
-@pytest.mark.parametrize(
-    "assignment, fragment",
-    [
-        ("training.fsdp_unit=block", "[training] fsdp_unit = 'block'; allowed: layer, chunk"),
-        ("training.param_gather_pacing=eager", "[training] param_gather_pacing = 'eager'; allowed: bucket, free"),
-    ],
-)
-def test_data_parallel_stack_settings(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
-    assert fragment in error_of(capsys, "simulate", TRAINING, "--set", assignment)
-
-
 # ---- stack settings, measurement files and key order (fuzzing, round 2) --------------------------------
-
-
-@pytest.mark.parametrize(
-    "assignment, fragment",
-    [
-        ("training.fp8_bf16_edge_layers=nan", "[training] fp8_bf16_edge_layers = nan must be a finite number >= 0"),
-        ("training.fp8_bf16_edge_layers=inf", "[training] fp8_bf16_edge_layers = inf must be a finite number >= 0"),
-        ("training.host_forward_op_us=inf", "[training] host_forward_op_us = inf must be a finite number >= 0"),
-        ("training.host_backward_op_us=nan", "[training] host_backward_op_us = nan must be a finite number >= 0"),
-    ],
-)
-def test_training_stack_settings_not_finite(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
-    assert fragment in error_of(capsys, "simulate", TRAINING, "--fidelity", "analytic", "--set", assignment)
 
 
 @pytest.mark.parametrize(

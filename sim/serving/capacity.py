@@ -47,7 +47,7 @@ TRTLLM_STEP_BYTES_PER_TOKEN = 4.0
 class ReplicaMemory:
     """Per-GPU bytes of a replica and the KV capacity they leave."""
 
-    budget_bytes: float  # memory the engine may use: hbm x gpu_memory_utilization (vLLM) or all of it (TensorRT-LLM)
+    budget_bytes: float  # memory the engine may use: engine_memory_bytes x gpu_memory_utilization (vLLM) or all of it (TensorRT-LLM)
     weights_bytes: float
     workspace_bytes: float
     comm_bytes: float

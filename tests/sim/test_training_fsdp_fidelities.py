@@ -123,21 +123,20 @@ def test_exact_timeline_of_per_layer_units_against_one_gather_per_chunk() -> Non
     # 2, then its last quarter); gB0 2..4, B0 starts at its first unit 2.5, its last quarter starts
     # at 4.0 when gB0 is in, ends 4.5; gF1 4..6; B0's bucket 6..6.5; F1 4.5..6.25 (held 5.25..6);
     # gB1 6.5..8.5, B1 from its first unit 7.0 to 9.0; its bucket 9.0..9.5
-    layer = run_pipeline(unit_work(2, 2.0, 0.5, 0.25, 0.5, 1, 1.0), trace=True)
-    names, times = _compute_ops(layer)
-    assert names == ["F0", "B0", "F1", "B1"]
-    assert times == pytest.approx([0.5, 2.25, 2.5, 4.5, 4.5, 6.25, 7.0, 9.0], rel=EXACT)
-    assert layer.iteration_time_s == pytest.approx(9.5, rel=EXACT)
+    def timeline(first_unit_s: float, tail_share: float, times: list[float], iteration_s: float, dp_s: float):  # type: ignore[no-untyped-def]
+        result = run_pipeline(unit_work(2, 2.0, first_unit_s, tail_share, 0.5, 1, 1.0), trace=True)
+        names, seen = _compute_ops(result)
+        assert names == ["F0", "B0", "F1", "B1"]
+        assert seen == pytest.approx(times, rel=EXACT)
+        assert result.iteration_time_s == pytest.approx(iteration_s, rel=EXACT)
+        assert result.exposed_comm_s["dp"] == pytest.approx(dp_s, rel=EXACT)
+        return result
+
     # waits on gathers 0.5 + 0.75 + 0.25 + 0.75 + 0.75, plus the bucket after the last B
-    assert layer.exposed_comm_s["dp"] == pytest.approx(3.5, rel=EXACT)
+    layer = timeline(0.5, 0.25, [0.5, 2.25, 2.5, 4.5, 4.5, 6.25, 7.0, 9.0], 9.5, 3.5)
     assert layer.compute_busy_s[0] == pytest.approx(6.0, rel=EXACT)  # the holds are waits, not busy
     # chunk: each op waits for its whole gather: F0 2..3, B0 4..6, F1 6..7, B1 8.5..10.5, bucket ..11
-    whole = run_pipeline(unit_work(2, 2.0, 2.0, 0.0, 0.5, 1, 1.0), trace=True)
-    names, times = _compute_ops(whole)
-    assert names == ["F0", "B0", "F1", "B1"]
-    assert times == pytest.approx([2.0, 3.0, 4.0, 6.0, 6.0, 7.0, 8.5, 10.5], rel=EXACT)
-    assert whole.iteration_time_s == pytest.approx(11.0, rel=EXACT)
-    assert whole.exposed_comm_s["dp"] == pytest.approx(5.0, rel=EXACT)
+    timeline(2.0, 0.0, [2.0, 3.0, 4.0, 6.0, 6.0, 7.0, 8.5, 10.5], 11.0, 5.0)
     # no units given is the one-unit gather (the StageWork default)
     assert run_pipeline(fsdp_work(2, 2.0, 0.5, 1, 1.0)).iteration_time_s == pytest.approx(11.0, rel=EXACT)
     # the analytic fidelity follows both timelines exactly
