@@ -71,6 +71,7 @@ class DataParallelTimes:
     last_bucket_s: float
     gathers_s: tuple[float, ...]
     buckets: int = 0  # gradient buckets overlapping the backward (len(grad_sync))
+    bucket_s: tuple[float, ...] = ()  # their seconds
     # FSDP units (``StageWork.param_gather_first_s`` / ``param_gather_tail_share``): per chunk, the
     # seconds until a gather's first unit is in, and the share of an op's compute after its last unit
     gather_first_s: tuple[float, ...] = ()
@@ -116,6 +117,7 @@ def data_parallel_times(
         last_bucket_s=grad_sync[-1].duration_s if grad_sync else 0.0,
         gathers_s=gathers_s,
         buckets=len(grad_sync),
+        bucket_s=tuple(map(_DURATION, grad_sync)),
         gather_first_s=gather_first_s or gathers_s,
         gather_tail_share=gather_tail_share or (0.0,) * len(gathers_s),
         gather_first_forward_only=gather_first_forward_only,
@@ -202,6 +204,10 @@ class PipelinePhase(NamedTuple):
     # one stage running one chunk as F0 B0 F1 B1 ... with a fused backward (1f1b and its kin at pp 1:
     # plain FSDP / ZeRO-3 data parallelism): ``finish_iteration`` then follows the FSDP stream op by op
     alternating: bool = False
+    # per stage, per chunk in the program order of its final gradient op: (the nominal compute seconds
+    # from that op's start to the stage's last op, the op's own) (``gradient_windows``), where the
+    # chunk's gradient buckets become ready and what compute they can hide behind
+    gradient_windows_s: tuple[tuple[tuple[float, float], ...], ...] = ()
 
 
 def pipeline_phase(
@@ -268,8 +274,28 @@ def pipeline_phase(
             starts = tuple(max(nf * f + nb * b + nw * w for nf, nb, nw in begins) for begins in profile.stage_start_paths)
         span = max(end - start for end, start in zip(finishes, starts))
         bubble = 1.0 - sum(busy) / (p * span) if span > 0 else 0.0
-        return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts, alternates(schedule, p, m, v))
-    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds, (), alternates(schedule, p, m, v))
+        return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts, alternates(schedule, p, m, v),
+                             gradient_windows(profile, chunk_of, stage_class))
+    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds, (), alternates(schedule, p, m, v),
+                         gradient_windows(profile, chunk_of, stage_class))
+
+
+def gradient_windows(
+    profile: ProgramProfile, chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int],
+) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """``PipelinePhase.gradient_windows_s``: each stage's ``ProgramProfile.gradient_tails`` priced at
+    its chunks' F, B and W seconds; the final op is the chunk's W, with its B unless the schedule splits
+    the backward."""
+    windows = []
+    for tails, k in zip(profile.gradient_tails, stage_class):
+        prices = [(c.forward_s, c.backward_input_s, c.backward_weight_s) for c in chunk_of[k].chunks]
+        stage = []
+        for chunk, tail in tails:
+            window = sum(n * price for counts, chunk_prices in zip(tail, prices) for n, price in zip(counts, chunk_prices))
+            _, b, w = prices[chunk]
+            stage.append((window, w if profile.split_backward else b + w))
+        windows.append(tuple(stage))
+    return tuple(windows)
 
 
 def _program_time(
@@ -517,6 +543,39 @@ def first_forward_shift_s(
     return shift
 
 
+@lru_cache(maxsize=8192)
+def grad_sync_exposed_s(durations: tuple[float, ...], windows: tuple[tuple[float, float], ...], slowdown: float) -> float:
+    """Seconds a stage's overlapped gradient buckets keep it busy past its last op's nominal end, bucket
+    by bucket as the DES runs them: split over the chunks' final gradient ops in program order (op i of
+    K gets buckets i n // K to (i + 1) n // K - 1, bucket q of its k ready at (q + 1) / k of the op),
+    queued on the data-parallel stream, and slowing the compute they overlap to 1 / ``slowdown``
+    (``work.compute_beside_communication``). ``durations``: the buckets' seconds; ``windows``: per final
+    op, (nominal compute seconds from its start to the stage's last op, its own seconds); the compute
+    after the first final op is dense. Memoized: plans of a search share their stages' buckets."""
+    n, ops = len(durations), len(windows)
+    tail = windows[0][0]
+    # the cursor: wall seconds since the first final op's start (now) and nominal compute seconds run by
+    # then (done); the stream is busy from the cursor until ``free``
+    now = done = free = 0.0
+    for i, (window, op_s) in enumerate(windows):
+        lo, hi = i * n // ops, (i + 1) * n // ops
+        for q in range(lo, hi):
+            ready = tail - window + (q - lo + 1) / (hi - lo) * op_s
+            if now < free:  # compute beside the stream until it is free, then alone
+                slowed = (free - now) / slowdown
+                now = now + (ready - done) * slowdown if done + slowed >= ready else free + (ready - done - slowed)
+            else:
+                now += ready - done
+            done = ready
+            free = (free if free > now else now) + durations[q]
+    if now < free:
+        slowed = (free - now) / slowdown
+        now = now + (tail - done) * slowdown if done + slowed >= tail else free + (tail - done - slowed)
+    else:
+        now += tail - done
+    return max(now, free) - tail
+
+
 def finish_iteration(
     phase: PipelinePhase,
     chunk_of: Sequence[ChunkTimes],
@@ -559,9 +618,7 @@ def finish_iteration(
                 stretch = overlap_stretch_s(compute, stream - ends, overlap_slowdown)
                 exposed_dp = ends + stretch + max(0.0, stream - compute - stretch)
         elif dp.grad_sync:
-            # every bucket but the last overlaps the last micro-batch's backward and slows it
-            stretch = overlap_stretch_s(chunk.backward_s, dp.grad_sync_s - dp.last_bucket_s, overlap_slowdown)
-            exposed_dp = max(dp.last_bucket_s + stretch, dp.grad_sync_s - chunk.backward_s)
+            exposed_dp = None  # per stage: its program's windows (below)
         else:
             exposed_dp = 0.0
         exposed_dp_of.append(exposed_dp)
@@ -570,10 +627,17 @@ def finish_iteration(
     iteration = 0.0
     exposed_dp_critical = 0.0
     starts = phase.stage_start_s or (0.0,) * len(stage_class)
-    for last_backward_end, k, start in zip(phase.last_backward_end_s, stage_class, starts):
-        finish = last_backward_end + shift + exposed_dp_of[k] + after_of[k] - start
+    per_windows: dict[tuple[int, tuple[tuple[float, float], ...]], float] = {}  # stages alike share theirs
+    for last_backward_end, k, start, windows in zip(phase.last_backward_end_s, stage_class, starts, phase.gradient_windows_s,
+                                                    strict=True):
+        exposed_dp = exposed_dp_of[k]
+        if exposed_dp is None:
+            exposed_dp = per_windows.get((k, windows))
+            if exposed_dp is None:
+                exposed_dp = per_windows[k, windows] = grad_sync_exposed_s(dp_of[k].bucket_s, windows, overlap_slowdown)
+        finish = last_backward_end + shift + exposed_dp + after_of[k] - start
         if finish >= iteration:
-            iteration, exposed_dp_critical = finish, shift + exposed_dp_of[k] + dp_of[k].serial_grad_sync_s
+            iteration, exposed_dp_critical = finish, shift + exposed_dp + dp_of[k].serial_grad_sync_s
     exposed = dict(phase.exposed_comm_s)
     exposed["dp"] = exposed_dp_critical
     return PipelineEstimate(
