@@ -1,5 +1,5 @@
-"""GPU check for the Megatron-Core H100 1.7B / 7.1B rows, predicted 17 and 11 % faster than published
-(issue 11): times, at those rows' own per-GPU shapes, the two kernel costs the model prices without
+"""GPU check for the Megatron-Core H100 1.7B / 7.1B rows, predicted 20.5 and 14.3 % faster than
+published (issue 11; the family's rows 3.9-20.5 %): times, at those rows' own per-GPU shapes, the two kernel costs the model prices without
 a measurement of its own, so one short GPU session can size them.
 
 1. Attention dropout: causal attention forward and forward + backward with dropout 0.0 and 0.1 on

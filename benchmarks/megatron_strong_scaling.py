@@ -8,17 +8,20 @@ vocabulary 131,072, sequence 4,096) at a fixed global batch of 1,152 from 96 to 
 published: the plan. Every GPU count in images/strong_scaling.png is a multiple of TP 8 x PP 6 and
 the 2,304-GPU point is the weak-scaling 177B row (TP 8, PP 6, DP 48), so this script runs that row's
 own config (``validation.training_suite.row_config``) at 96 and 4,608 GPUs (DP 2 and 96: 576 and 12
-micro-batches) and, beside the suite's 1F1B, at 2, 4 and 16 virtual stages: the README's
-"pipeline-parallel communication (enabled by default)" overlap exists only under the interleaved
-schedule in core_r0.8.0 (megatron/training/arguments.py sets overlap_p2p_comm False otherwise).
+micro-batches) under 1F1B and at 2, 4 and 16 virtual stages (the suite's: one layer per virtual
+stage): the README's "pipeline-parallel communication (enabled by default)" overlap exists only under
+the interleaved schedule in core_r0.8.0 (megatron/training/arguments.py sets overlap_p2p_comm False
+otherwise).
 
     PYTHONPATH=. python benchmarks/megatron_strong_scaling.py
 
 On merged main (2026-12): at 96 GPUs, where the bubble is small whatever the schedule, the model
 reads 56.1 % against the published 47 %: the family's per-micro-batch compute is predicted about 19 %
-fast, as the 1.7B (-17 %) and 7.1B (-11 %) rows are. At 4,608 GPUs it reads 33.7 / 40.9 / 45.7 / 49.1 %
-at 1 / 2 / 4 / 16 virtual stages against 42 %: the 1F1B bubble is what makes the suite's large
-pipelined rows read too slow.
+fast, as the suite's Megatron-Core rows are (-3.9..-20.5 %, mean -11.9 %). At 4,608 GPUs it reads
+33.7 / 40.9 / 45.7 / 49.1 % at 1 / 2 / 4 / 16 virtual stages against 42 %: under 1F1B the bubble alone
+would cap a run as fast as this model near 34 %, so the published runs were interleaved, which is
+why the suite's pipelined rows run one layer per virtual stage (at 1F1B they had read 3-14 % slow,
+the bubble hiding the fast compute).
 """
 
 from __future__ import annotations

@@ -148,17 +148,14 @@ def test_shipped_profiles_and_the_nanoflow_suite() -> None:
 
 
 def test_shipped_profiles_and_the_training_suites() -> None:
-    """Training-modern (5.3 % shipped vs 6.5 % analytic over its 31 counted rows), the worst row of each
-    suite and all 59 counted training rows together (6.6 % vs 7.0 %, training-modern at the analytic
-    fidelity): no worse with the shipped profiles. The one exception is the 28 rows of 2021-24 Megatron:
-    8.02 % shipped vs 7.51 % analytic (6.35 vs 6.03 % before the paced ZeRO-1 parameter all-gather), pinned
-    within 0.6 points. The shipped
-    H100 profile prices the Megatron-Core 314B and 462B rows' GEMMs as aiconfigurator's H100 table
-    measured them (m 4,096, n 16,384, k 8,192: 680 TFLOP/s at the boost clock, where the boost-clock
-    MAMF model gives 794), 5-6 % slower than the analytic model; both priced them within 2 % of
-    published before the H100's sustained clock, which put them at +10.8 / +7.5 % shipped and
-    +4.5 / +1.4 % analytic (+9.1 / +6.0 % shipped with cuDNN attention). Before that clock the Megatron
-    rows were 6.0 % shipped vs 6.3 % analytic."""
+    """Training-modern (5.3 % shipped vs 6.5 % analytic over its 31 counted rows), the 28 rows of 2021-24
+    Megatron (7.3 % shipped vs 7.8 % analytic) and all 59 counted training rows together (training-modern
+    at the analytic fidelity): no worse with the shipped profiles. The worst Megatron row, the
+    Megatron-Core 1.7B, reads -20.51 % shipped and -20.48 % analytic: pinned within 0.1 points. (At
+    micro-batch 1 and 1F1B the Megatron rows were the one exception, 8.02 % shipped vs 7.51 % analytic: the
+    shipped H100 profile prices the Megatron-Core 314B and 462B rows' GEMMs as aiconfigurator's H100 table
+    measured them, m 4,096, n 16,384, k 8,192: 680 TFLOP/s at the boost clock, where the boost-clock MAMF
+    model gives 794, 5-6 % slower than the analytic model, which read slow rows slower still.)"""
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     metric = "iteration_time_s"
@@ -169,8 +166,8 @@ def test_shipped_profiles_and_the_training_suites() -> None:
         assert mape_on <= mape_off + 1e-12 and worst_on <= worst_off + 1e-12, name
     on = run_training_suite(fidelity="des")
     off = run_training_suite(fidelity="des", calibration="none")
-    assert on.worst(metric) <= off.worst(metric) + 1e-12
-    assert on.mape(metric) <= off.mape(metric) + 0.006
+    assert on.worst(metric) <= off.worst(metric) + 0.001
+    assert on.mape(metric) <= off.mape(metric)
 
     def mape_of_all(*reports: SuiteReport) -> float:
         errors = [abs(c.error) for report in reports for c in report.rows(metric)]

@@ -11,8 +11,8 @@ from benchmarks.gpu_small_model_kernels import ROWS, main, row_shapes
 
 
 def test_shapes_are_the_rows_own_per_gpu_layer() -> None:
-    small = row_shapes("mcore-h100-1.7b")  # hidden 2048, 16 heads, TP 1, micro-batch 1 x 4,096 tokens
-    assert (small.tokens, small.heads, small.head_dim, small.seq_len) == (4096, 16, 128, 4096)
+    small = row_shapes("mcore-h100-1.7b")  # hidden 2048, 16 heads, TP 1, micro-batch 4 x 4,096 tokens
+    assert (small.tokens, small.heads, small.head_dim, small.seq_len) == (16384, 16, 128, 4096)
     assert dict((n, (r, c)) for n, r, c in small.wgrads) == {
         "qkv": (2048, 6144), "out_proj": (2048, 2048), "mlp_up": (2048, 8192), "mlp_down": (8192, 2048)}
     tp2 = row_shapes("mcore-h100-7.1b")  # hidden 4096, 32 heads, TP 2: each GPU holds half the heads and columns

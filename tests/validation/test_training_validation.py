@@ -36,22 +36,22 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 32B row (over-predicted, +44.1 % with its parameter all-gather paced by the first
-    # forward: at the micro-batch 1 it assumes, Megatron-Core r0.8's data-parallel bytes cannot hide at the
-    # NIC line rate; see TRAINING_NOTES) sits at the limit
+    # the Megatron-Core H100 1.7B row (-20.5 %: the family's per-micro-batch compute is predicted fast; see
+    # TRAINING_NOTES) sits at the limit
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
-    assert threshold.max_mape <= 0.081 and threshold.max_row_error <= 0.442
+    assert threshold.max_mape <= 0.074 and threshold.max_row_error <= 0.206
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
-    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -2.3 % (2021-22 Megatron
-    # and Megatron-Core H100 rows) and -13.3 % (2023-25 stacks). Bounds stop it from growing either way.
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -5.1 % (2021-22 Megatron
+    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 3.9-20.5 %
+    # fast) and -3.9 % (2023-25 stacks). Bounds stop it from growing either way.
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
     modern = run_training_modern_suite(fidelity="des").signed_mean("iteration_time_s")
-    assert -0.03 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
+    assert -0.052 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
 
 
 def test_analytic_fidelity_tracks_the_des() -> None:
@@ -184,3 +184,33 @@ def test_a_malformed_true_false_cell_is_an_error_not_false() -> None:
     row["tp_comm_overlap"] = " one layer per virtual stage)"
     with pytest.raises(ValueError, match="must be true or false"):
         row_config(row)
+
+
+def test_megatron_core_h100_rows_run_the_plan_their_evidence_implies() -> None:
+    # one micro-batch of 4 without a pipeline; micro-batch 1, interleaved with one layer per virtual stage, with one
+    from validation.training_suite import published_rows, row_config
+
+    rows = [r for r in published_rows("training.csv") if r["row"].startswith("mcore-h100")]
+    assert len(rows) == 9
+    for row in rows:
+        parallel, training = row_config(row)["parallel"], row_config(row)["training"]
+        if parallel["pp"] == 1:
+            assert (training["micro_batch"], parallel["schedule"]) == (4, "1f1b"), row["row"]
+        else:
+            assert training["micro_batch"] == 1 and parallel["schedule"] == "interleaved", row["row"]
+            assert parallel["virtual_stages"] * parallel["pp"] == int(row["layers"]), row["row"]
+
+
+def test_the_32b_row_cannot_hide_its_gradients_at_micro_batch_1() -> None:
+    # at micro-batch 1 its fp32 reduce-scatter and paced all-gather (23 GB per GPU through one NIC) are exposed
+    # for longer than a third of the published 0.89 s step; one micro-batch of 4 hides them behind its backward
+    from sim.runner import RunOptions, simulate
+    from validation.training_suite import published_rows, row_config
+
+    row = next(r for r in published_rows("training.csv") if r["row"] == "mcore-h100-32b")
+    exposed = {}
+    for micro_batch in (1, 4):
+        config = row_config(row)
+        config["training"]["micro_batch"] = micro_batch
+        exposed[micro_batch] = simulate(config, RunOptions(fidelity="des")).metrics()["exposed_communication_s"]["dp"]
+    assert exposed[1] > 0.4 > 0.1 > exposed[4], exposed
