@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import groupby
 from operator import attrgetter
 from typing import NamedTuple, Sequence
 
@@ -71,7 +72,7 @@ class DataParallelTimes:
     last_bucket_s: float
     gathers_s: tuple[float, ...]
     buckets: int = 0  # gradient buckets overlapping the backward (len(grad_sync))
-    bucket_s: tuple[float, ...] = ()  # their seconds
+    bucket_runs: tuple[tuple[float, int], ...] = ()  # their seconds, run-length encoded: (seconds, buckets)
     # FSDP units (``StageWork.param_gather_first_s`` / ``param_gather_tail_share``): per chunk, the
     # seconds until a gather's first unit is in, and the share of an op's compute after its last unit
     gather_first_s: tuple[float, ...] = ()
@@ -117,7 +118,7 @@ def data_parallel_times(
         last_bucket_s=grad_sync[-1].duration_s if grad_sync else 0.0,
         gathers_s=gathers_s,
         buckets=len(grad_sync),
-        bucket_s=tuple(map(_DURATION, grad_sync)),
+        bucket_runs=tuple((seconds, len(tuple(run))) for seconds, run in groupby(map(_DURATION, grad_sync))),
         gather_first_s=gather_first_s or gathers_s,
         gather_tail_share=gather_tail_share or (0.0,) * len(gathers_s),
         gather_first_forward_only=gather_first_forward_only,
@@ -544,30 +545,57 @@ def first_forward_shift_s(
 
 
 @lru_cache(maxsize=8192)
-def grad_sync_exposed_s(durations: tuple[float, ...], windows: tuple[tuple[float, float], ...], slowdown: float) -> float:
+def grad_sync_exposed_s(runs: tuple[tuple[float, int], ...], windows: tuple[tuple[float, float], ...], slowdown: float) -> float:
     """Seconds a stage's overlapped gradient buckets keep it busy past its last op's nominal end, bucket
     by bucket as the DES runs them: split over the chunks' final gradient ops in program order (op i of
     K gets buckets i n // K to (i + 1) n // K - 1, bucket q of its k ready at (q + 1) / k of the op),
     queued on the data-parallel stream, and slowing the compute they overlap to 1 / ``slowdown``
-    (``work.compute_beside_communication``). ``durations``: the buckets' seconds; ``windows``: per final
-    op, (nominal compute seconds from its start to the stage's last op, its own seconds); the compute
-    after the first final op is dense. Memoized: plans of a search share their stages' buckets."""
-    n, ops = len(durations), len(windows)
+    (``work.compute_beside_communication``). ``runs``: the buckets' seconds, run-length encoded
+    (``DataParallelTimes.bucket_runs``); ``windows``: per final op, (nominal compute seconds from its
+    start to the stage's last op, its own seconds); the compute after the first final op is dense.
+    Memoized: plans of a search share their stages' buckets.
+
+    A run of equal buckets of d seconds ready ``step`` nominal seconds apart is closed form: with the
+    stream ``gap`` seconds from free when a bucket is queued, the next is ready ``step * slowdown`` later
+    and finds it ``gap - step * slowdown + d`` from free while ``gap >= step * slowdown``; once it is
+    not, the stream is free at every later bucket, and each takes ``d + step - d / slowdown``."""
+    n, ops = sum(count for _, count in runs), len(windows)
     tail = windows[0][0]
     # the cursor: wall seconds since the first final op's start (now) and nominal compute seconds run by
     # then (done); the stream is busy from the cursor until ``free``
     now = done = free = 0.0
+    r, used = 0, 0  # the run of the next bucket, and how many of its buckets are queued
     for i, (window, op_s) in enumerate(windows):
         lo, hi = i * n // ops, (i + 1) * n // ops
-        for q in range(lo, hi):
-            ready = tail - window + (q - lo + 1) / (hi - lo) * op_s
+        if hi == lo:
+            continue
+        step, wall = op_s / (hi - lo), op_s / (hi - lo) * slowdown
+        q = lo
+        while q < hi:
+            d, count = runs[r]
+            take = min(count - used, hi - q)
+            r, used = (r + 1, 0) if used + take == count else (r, used + take)
+            # the first bucket: advance the cursor to its ready point, then queue it
+            ready = tail - window + (q - lo + 1) * step
             if now < free:  # compute beside the stream until it is free, then alone
                 slowed = (free - now) / slowdown
                 now = now + (ready - done) * slowdown if done + slowed >= ready else free + (ready - done - slowed)
             else:
                 now += ready - done
             done = ready
-            free = (free if free > now else now) + durations[q]
+            free = max(free, now) + d
+            # the others, closed form
+            later = take - 1
+            if later:
+                gap = free - now
+                behind = later if d >= wall else min(later, int((gap - wall) // (wall - d)) + 1) if gap >= wall else 0
+                now, free, done = now + behind * wall, free + behind * d, done + behind * step
+                if behind < later:
+                    gap = free - now
+                    now += gap + step - gap / slowdown + (later - behind - 1) * (d + step - d / slowdown)
+                    done += (later - behind) * step
+                    free = now + d
+            q += take
     if now < free:
         slowed = (free - now) / slowdown
         now = now + (tail - done) * slowdown if done + slowed >= tail else free + (tail - done - slowed)
@@ -627,14 +655,11 @@ def finish_iteration(
     iteration = 0.0
     exposed_dp_critical = 0.0
     starts = phase.stage_start_s or (0.0,) * len(stage_class)
-    per_windows: dict[tuple[int, tuple[tuple[float, float], ...]], float] = {}  # stages alike share theirs
     for last_backward_end, k, start, windows in zip(phase.last_backward_end_s, stage_class, starts, phase.gradient_windows_s,
                                                     strict=True):
         exposed_dp = exposed_dp_of[k]
         if exposed_dp is None:
-            exposed_dp = per_windows.get((k, windows))
-            if exposed_dp is None:
-                exposed_dp = per_windows[k, windows] = grad_sync_exposed_s(dp_of[k].bucket_s, windows, overlap_slowdown)
+            exposed_dp = grad_sync_exposed_s(dp_of[k].bucket_runs, windows, overlap_slowdown)
         finish = last_backward_end + shift + exposed_dp + after_of[k] - start
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, shift + exposed_dp + dp_of[k].serial_grad_sync_s

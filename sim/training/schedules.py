@@ -1494,8 +1494,8 @@ def gradient_tails(program: Program) -> tuple[tuple[tuple[int, tuple[tuple[int, 
         finals = []
         for c in range(v):
             index = int(np.flatnonzero((kinds == W_CODE) & (chunks == c))[-1])
-            if not program.split_backward and index > 0 and kinds[index - 1] == B_CODE:
-                index -= 1  # the fused B+W
+            if not program.split_backward and index > 0 and kinds[index - 1] == B_CODE and chunks[index - 1] == c:
+                index -= 1  # the fused B+W (a W right after its B)
             finals.append(index)
         finals.sort()
         first = finals[0]

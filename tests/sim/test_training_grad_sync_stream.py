@@ -4,6 +4,7 @@ partway through its op, queued on the data-parallel stream, slowing the compute 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.training.analytic import analytic_iteration
@@ -64,3 +65,48 @@ def test_interleaved_chunks_hide_their_buckets_behind_the_later_chunks(pp: int, 
     des, analytic = run_pipeline(work), analytic_iteration(work)
     assert analytic.exposed_comm_s["dp"] == pytest.approx(des.exposed_comm_s["dp"], abs=0.3)
     assert analytic.iteration_time_s == pytest.approx(des.iteration_time_s, rel=0.06)
+
+
+def _bucket_by_bucket(durations, windows, slowdown):  # type: ignore[no-untyped-def]
+    """The stream followed one bucket at a time (what ``grad_sync_exposed_s`` closes over runs)."""
+    n, ops, tail = len(durations), len(windows), windows[0][0]
+    now = done = free = 0.0
+
+    def advance(to: float) -> None:
+        nonlocal now, done
+        if now < free:
+            slowed = (free - now) / slowdown
+            if done + slowed >= to:
+                now, done = now + (to - done) * slowdown, to
+                return
+            now, done = free, done + slowed
+        now, done = now + (to - done), to
+
+    for i, (window, op_s) in enumerate(windows):
+        lo, hi = i * n // ops, (i + 1) * n // ops
+        for q in range(lo, hi):
+            advance(tail - window + (q - lo + 1) / (hi - lo) * op_s)
+            free = max(free, now) + durations[q]
+    advance(tail)
+    return max(now, free) - tail
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_runs_of_equal_buckets_in_closed_form_equal_the_bucket_by_bucket_stream(seed: int) -> None:
+    # runs of equal buckets (a search's stages: full buckets, then a smaller last one), behind 1-4 final
+    # ops, some streams backlogged throughout, some draining after a long bucket, some never waiting
+    from sim.training.analytic import data_parallel_times, grad_sync_exposed_s
+
+    rng = np.random.default_rng(seed)
+    durations: list[float] = []
+    while len(durations) < rng.integers(1, 40):
+        durations += [float(rng.choice([0.05, 0.3, 1.0, 4.0]))] * int(rng.integers(1, 12))
+    ops = int(rng.integers(1, 5))
+    op_s = rng.uniform(0.5, 3.0, ops)
+    windows = tuple((float(op_s[i:].sum() + rng.uniform(0.0, 5.0) * (i < ops - 1)), float(op_s[i])) for i in range(ops))
+    windows = tuple(sorted(windows, reverse=True))
+    slowdown = float(rng.choice([1.0, 1.138, 2.0]))
+    expected = _bucket_by_bucket(tuple(durations), windows, slowdown)
+    runs = data_parallel_times(tuple(map(dp, durations)), (), 0.0).bucket_runs
+    assert sum(count for _, count in runs) == len(durations)
+    assert grad_sync_exposed_s(runs, windows, slowdown) == pytest.approx(expected, rel=1e-9, abs=1e-12)
