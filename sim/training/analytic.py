@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import groupby
-from operator import attrgetter
+from operator import attrgetter, mul
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -205,10 +205,9 @@ class PipelinePhase(NamedTuple):
     # one stage running one chunk as F0 B0 F1 B1 ... with a fused backward (1f1b and its kin at pp 1:
     # plain FSDP / ZeRO-3 data parallelism): ``finish_iteration`` then follows the FSDP stream op by op
     alternating: bool = False
-    # per stage, per chunk in the program order of its final gradient op: (the nominal compute seconds
-    # from that op's start to the stage's last op, the op's own) (``gradient_windows``), where the
-    # chunk's gradient buckets become ready and what compute they can hide behind
-    gradient_windows_s: tuple[tuple[tuple[float, float], ...], ...] = ()
+    # the program's profile: where each stage's gradient buckets become ready and what compute they can
+    # hide behind (``ProgramProfile.gradient_tails``, priced by ``gradient_windows``)
+    profile: ProgramProfile | None = None
 
 
 def pipeline_phase(
@@ -275,28 +274,22 @@ def pipeline_phase(
             starts = tuple(max(nf * f + nb * b + nw * w for nf, nb, nw in begins) for begins in profile.stage_start_paths)
         span = max(end - start for end, start in zip(finishes, starts))
         bubble = 1.0 - sum(busy) / (p * span) if span > 0 else 0.0
-        return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts, alternates(schedule, p, m, v),
-                             gradient_windows(profile, chunk_of, stage_class))
+        return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts, alternates(schedule, p, m, v), profile)
     return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds, (), alternates(schedule, p, m, v),
-                         gradient_windows(profile, chunk_of, stage_class))
+                         profile)
 
 
 def gradient_windows(
-    profile: ProgramProfile, chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int],
-) -> tuple[tuple[tuple[float, float], ...], ...]:
-    """``PipelinePhase.gradient_windows_s``: each stage's ``ProgramProfile.gradient_tails`` priced at
-    its chunks' F, B and W seconds; the final op is the chunk's W, with its B unless the schedule splits
-    the backward."""
-    windows = []
-    for tails, k in zip(profile.gradient_tails, stage_class):
-        prices = [(c.forward_s, c.backward_input_s, c.backward_weight_s) for c in chunk_of[k].chunks]
-        stage = []
-        for chunk, tail in tails:
-            window = sum(n * price for counts, chunk_prices in zip(tail, prices) for n, price in zip(counts, chunk_prices))
-            _, b, w = prices[chunk]
-            stage.append((window, w if profile.split_backward else b + w))
-        windows.append(tuple(stage))
-    return tuple(windows)
+    tail: tuple[tuple[int, tuple[int, ...]], ...], chunks: ChunkTimes, split_backward: bool,
+) -> tuple[tuple[float, float], ...]:
+    """A stage's ``ProgramProfile.gradient_tails`` entry priced at its chunks' F, B and W seconds: per
+    final gradient op, (the nominal compute seconds from its start to the stage's last op, its own); the
+    final op is the chunk's W, with its B unless the schedule splits the backward."""
+    prices = [seconds for c in chunks.chunks for seconds in (c.forward_s, c.backward_input_s, c.backward_weight_s)]
+    return tuple(
+        (sum(map(mul, counts, prices)), prices[3 * chunk + 2] + (0.0 if split_backward else prices[3 * chunk + 1]))
+        for chunk, counts in tail
+    )
 
 
 def _program_time(
@@ -655,11 +648,16 @@ def finish_iteration(
     iteration = 0.0
     exposed_dp_critical = 0.0
     starts = phase.stage_start_s or (0.0,) * len(stage_class)
-    for last_backward_end, k, start, windows in zip(phase.last_backward_end_s, stage_class, starts, phase.gradient_windows_s,
-                                                    strict=True):
+    profile = phase.profile
+    exposed_of_tail: dict[tuple[int, int], float] = {}  # (tail, class): the stages alike share it
+    for s, (last_backward_end, k, start) in enumerate(zip(phase.last_backward_end_s, stage_class, starts)):
         exposed_dp = exposed_dp_of[k]
         if exposed_dp is None:
-            exposed_dp = grad_sync_exposed_s(dp_of[k].bucket_runs, windows, overlap_slowdown)
+            key = (profile.gradient_tail_of_stage[s], k)
+            exposed_dp = exposed_of_tail.get(key)
+            if exposed_dp is None:
+                windows = gradient_windows(profile.gradient_tails[key[0]], chunk_of[k], profile.split_backward)
+                exposed_dp = exposed_of_tail[key] = grad_sync_exposed_s(dp_of[k].bucket_runs, windows, overlap_slowdown)
         finish = last_backward_end + shift + exposed_dp + after_of[k] - start
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, shift + exposed_dp + dp_of[k].serial_grad_sync_s

@@ -1183,9 +1183,11 @@ class ProgramProfile:
     # (link i joins stage i and i + 1; the wrap-around link of looping placements is not counted: a
     # fill and a drain cross each chunk boundary once, and the wrap is hidden behind the other stages)
     key: ProgramKey  # (schedule, pp, m, v) of the program
-    # per stage, per chunk in the program order of its final gradient op (``gradient_tails``): the
-    # local chunk and the (F, B, W) op counts of each local chunk from that op's start to the stage's end
-    gradient_tails: tuple[tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...], ...]
+    # the distinct tails of the stages (``gradient_tails``): per chunk in the program order of its final
+    # gradient op, the local chunk and the F, B, W op counts of each local chunk (flat, chunk-major) from
+    # that op's start to the stage's end; and which of them is each stage's
+    gradient_tails: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    gradient_tail_of_stage: tuple[int, ...]
     # the paths of its execution on uniform stages (``Execution``'s first and last fields), or None
     # where the program was executed for its dependency graph alone (``prepare_program_profiles``):
     # then its execution is run once more when a path is first read (``_checked_program``)
@@ -1228,7 +1230,7 @@ class ProgramProfile:
         return self.peak_held_chunks[stage] / self.chunks_per_stage
 
 
-_PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths", "gradient_tails",
+_PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths", "gradient_tails", "gradient_tail_of_stage",
                    "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
 
 
@@ -1477,18 +1479,21 @@ def _profile(key: ProgramKey, program: Program, execution: Execution | None) -> 
     return ProgramProfile(
         chunks_per_stage=virtual_stages, split_backward=program.split_backward,
         peak_held_chunks=occupancy.peak_held_chunks, last_chunk_inflight=occupancy.last_chunk_inflight,
-        p2p_boundaries=tuple(boundaries), key=key, gradient_tails=gradient_tails(program),
+        p2p_boundaries=tuple(boundaries), key=key, **gradient_tails(program),
         uniform_paths=None if execution is None else (execution[0], execution[3]),
     )
 
 
-def gradient_tails(program: Program) -> tuple[tuple[tuple[int, tuple[tuple[int, int, int], ...]], ...], ...]:
-    """Per stage, per local chunk in the program order of the op that completes the chunk's weight
-    gradients (its last W, with the B right before it when the backward is fused: the op over which
-    the DES spreads the chunk's share of the gradient buckets): (the chunk, the (F, B, W) op counts of
-    every local chunk from that op's start to the stage's last op), the compute the buckets can overlap."""
+def gradient_tails(program: Program) -> dict[str, tuple[Any, ...]]:
+    """``ProgramProfile.gradient_tails`` and ``gradient_tail_of_stage``: per stage, per local chunk in
+    the program order of the op that completes the chunk's weight gradients (its last W, with the B
+    right before it when the backward is fused: the op over which the DES spreads the chunk's share of
+    the gradient buckets), the chunk and the F, B, W op counts of every local chunk from that op's start
+    to the stage's last op (flat, chunk-major): the compute the buckets can overlap. Stages whose tails
+    are alike share one entry."""
     v = program.chunks_per_stage
-    stages = []
+    distinct: dict[tuple[tuple[int, tuple[int, ...]], ...], int] = {}
+    of_stage = []
     for ops in program.ops:
         kinds, chunks = ops[:, 0], ops[:, 2]
         finals = []
@@ -1501,11 +1506,10 @@ def gradient_tails(program: Program) -> tuple[tuple[tuple[int, tuple[tuple[int, 
         first = finals[0]
         counts = np.zeros((len(kinds) - first, v, 3), dtype=np.int64)
         counts[np.arange(len(counts)), chunks[first:], kinds[first:]] = 1
-        suffix = counts[::-1].cumsum(axis=0)[::-1]  # row i: the ops from first + i to the end
-        stages.append(tuple(
-            (int(chunks[index]), tuple(tuple(int(x) for x in row) for row in suffix[index - first])) for index in finals
-        ))
-    return tuple(stages)
+        suffix = counts[::-1].cumsum(axis=0)[::-1].reshape(len(counts), 3 * v)  # row i: the ops from first + i on
+        tail = tuple((int(chunks[index]), tuple(suffix[index - first].tolist())) for index in finals)
+        of_stage.append(distinct.setdefault(tail, len(distinct)))
+    return {"gradient_tails": tuple(distinct), "gradient_tail_of_stage": tuple(of_stage)}
 
 
 def stage_steps(schedule: str, pp: int, stage: int, num_microbatches: int, virtual_stages: int = 1) -> list[Step]:

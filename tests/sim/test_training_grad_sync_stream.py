@@ -21,11 +21,13 @@ def dp(seconds: float) -> CommWork:
 def test_gradient_tails_of_the_named_programs() -> None:
     # interleaved, pp 2, m 4, v 2: every stage ends B(2,c1) W B(3,c1) W B(2,c0) W B(3,c0) W, so chunk 1's
     # final (fused) op is B(3,c1)+W, followed by chunk 0's two; chunk 0's final op is the last one
-    tails = program_profile("interleaved", 2, 4, 2).gradient_tails
-    assert tails == ((((1, ((0, 2, 2), (0, 1, 1))), (0, ((0, 1, 1), (0, 0, 0)))),) * 2)
+    # (F, B, W counts of chunk 0, then of chunk 1); both stages share the one tail
+    profile = program_profile("interleaved", 2, 4, 2)
+    assert profile.gradient_tails == (((1, (0, 2, 2, 0, 1, 1)), (0, (0, 1, 1, 0, 0, 0))),)
+    assert profile.gradient_tail_of_stage == (0, 0)
     # 1F1B: the last B+W; ZB-H1 splits the backward: the last W alone
-    assert program_profile("1f1b", 2, 4).gradient_tails == (((0, ((0, 1, 1),)),),) * 2
-    assert program_profile("zb-h1", 2, 4).gradient_tails == (((0, ((0, 0, 1),)),),) * 2
+    assert program_profile("1f1b", 2, 4).gradient_tails == (((0, (0, 1, 1)),),)
+    assert program_profile("zb-h1", 2, 4).gradient_tails == (((0, (0, 0, 1)),),)
 
 
 def test_exact_timeline_of_two_buckets_behind_the_last_backward() -> None:
