@@ -369,7 +369,7 @@ TRAINING_NOTES = (
     "after RoPE, qkv_split). The Megatron-Core rows run the plan their evidence implies (the 1.7B row's "
     "assumptions: one micro-batch of 4 without a pipeline, one layer per virtual stage with one): 1.7B -20.5, 7.1B "
     "-14.3, 16B -10.6, 32B -6.0, 70B -3.9, 119B -16.9, 177B -16.8, 314B -8.7, 462B -9.4 %. At micro-batch 1 and 1F1B "
-    "they had read -17.0..+44.1 % (signed +6.6 %): the 1F1B bubble and the 32B's exposed reduce-scatter hid the same "
+    "they had read -17.0..+44.1 % (signed +7.8 %): the 1F1B bubble and the 32B's exposed reduce-scatter hid the same "
     "optimism. Its size where nothing but a micro-batch's compute counts: the README's strong-scaling 177B at 96 "
     "GPUs (576 micro-batches, data parallelism 2) reads 56.1 % MFU against the published 47 % "
     "(benchmarks/megatron_strong_scaling.py), and 1.7B at one GPU per replica -20.5 %. Nothing sourced explains it "
