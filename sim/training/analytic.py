@@ -507,15 +507,23 @@ def _held_buckets_end(
 
 def first_forward_shift_s(
     chunk_of: Sequence[ChunkTimes], dp_of: Sequence[DataParallelTimes], stage_class: Sequence[int], overlap_slowdown: float,
+    profile: ProgramProfile,
 ) -> float:
     """Seconds by which ZeRO-1/2's paced parameter gathers (``gather_first_forward_only``) delay the
-    pipeline: the first micro-batch's forward through the stages' first local chunks, each F
-    starting at max(the previous stage's F end, its first unit in) and held by its last unit
-    (``pipeline_des``'s rule, the stream busy with the chunk's gather from time 0), less the same
-    chain without gathers; plus what the later chunks' gathers (virtual stages, each issued when
-    the previous chunk's first F starts) slow the first stage's compute. The p2p of the fill is not
-    in the chain (it makes the DES's later F start later, so their gathers hide more): exact at
-    pp = 1, with pp > 1 an upper bound on the DES's delay (tests/sim/test_training_zero1_pacing.py)."""
+    pipeline (``pipeline_des``'s rule: a stage's gathers queue on its data-parallel stream, the first at
+    time 0, each next one issued when the previous chunk's first F starts; an F starts once its chunk's
+    first unit is in and is held by the last). The larger of two delays:
+
+    - the first micro-batch's forward through the stages' first local chunks, each F starting at
+      max(the previous stage's F end, its first unit in), less the same chain without gathers, plus
+      what the later chunks' gathers (virtual stages) slow the first stage's compute: exact at pp = 1
+      with one chunk, with pp > 1 an upper bound on the DES's delay (the p2p of the fill, not in the
+      chain, makes the DES's later F start later, so their gathers hide more);
+    - with several chunks per stage, the first forward of every global chunk in model order
+      (``_first_forward_path_s``): where a chunk's gather outlasts the compute its stage runs between
+      two chunks' first forwards, the gathers pace them (Megatron-Core at one layer per virtual stage:
+      a layer's gather is longer than the forwards of the pp micro-batches before the next layer's).
+    (tests/sim/test_training_zero1_pacing.py)"""
     if not any(dp_of[k].gather_first_forward_only and dp_of[k].gathers_s for k in stage_class):
         return 0.0
     t = nominal = 0.0
@@ -532,9 +540,52 @@ def first_forward_shift_s(
     shift = t - nominal
     k = stage_class[0]
     dp = dp_of[k]
-    if dp.gather_first_forward_only and len(dp.gathers_s) > 1:
-        shift += overlap_stretch_s(chunk_of[k].total_s, sum(dp.gathers_s[1:]), overlap_slowdown)
-    return shift
+    if not (dp.gather_first_forward_only and len(dp.gathers_s) > 1):
+        return shift
+    shift += overlap_stretch_s(chunk_of[k].total_s, sum(dp.gathers_s[1:]), overlap_slowdown)
+    paced = _first_forward_path_s(chunk_of, dp_of, stage_class, overlap_slowdown, profile, gathered=True) - \
+        _first_forward_path_s(chunk_of, dp_of, stage_class, overlap_slowdown, profile, gathered=False)
+    return max(shift, paced)
+
+
+def _first_forward_path_s(
+    chunk_of: Sequence[ChunkTimes], dp_of: Sequence[DataParallelTimes], stage_class: Sequence[int], overlap_slowdown: float,
+    profile: ProgramProfile, *, gathered: bool,
+) -> float:
+    """When the first micro-batch's forward through the last global chunk ends (``first_forward_shift_s``):
+    each F starts once its input has arrived, its stage has run what its program puts before it
+    (``ProgramProfile.first_forward_heads``, slowed beside the stage's data-parallel stream) and, if
+    ``gathered``, its chunk's first unit is in; the p2p of the fill is not in the path."""
+    p = len(stage_class)
+    heads = [dict(stage) for stage in profile.first_forward_heads]  # per stage: chunk -> counts before its first F
+    local = [0] * p  # the next local chunk of each stage, in model order
+    free = [0.0] * p  # when each stage's compute is free
+    stream = [0.0] * p  # when each stage's data-parallel stream is free
+    issue = [0.0] * p  # when each stage issues its next gather
+    prices = {k: [seconds for w in chunk_of[k].chunks for seconds in (w.forward_s, w.backward_input_s, w.backward_weight_s)]
+              for k in set(stage_class)}
+    arrival = 0.0
+    for s in profile.placement:
+        k, c = stage_class[s], local[s]
+        local[s] += 1
+        chunks, dp = chunk_of[k], dp_of[k]
+        before = sum(map(mul, heads[s][c], prices[k]))
+        if before > 0.0:  # what the stage's program runs before this F, beside its stream
+            inside, left = compute_beside_communication(before, max(0.0, stream[s] - free[s]), overlap_slowdown)
+            free[s] += inside + left
+        start = max(arrival, free[s])
+        forward_s = chunks.chunks[c].forward_s
+        if gathered and dp.gather_first_forward_only and dp.gathers_s:
+            begin = max(issue[s], stream[s])
+            stream[s] = begin + dp.gathers_s[c]
+            start = max(start, begin + dp.gather_first_s[c])
+            issue[s] = start
+            left = stream[s] - start
+            end = _held_compute(forward_s, left, left, dp.gather_tail_share[c], overlap_slowdown)[0] if left > 0.0 else forward_s
+        else:
+            end = forward_s
+        free[s] = arrival = start + end
+    return arrival
 
 
 @lru_cache(maxsize=8192)
@@ -616,7 +667,7 @@ def finish_iteration(
     # offset after the stage's last backward
     exposed_dp_of = []
     after_of = []
-    shift = first_forward_shift_s(chunk_of, dp_of, stage_class, overlap_slowdown)
+    shift = first_forward_shift_s(chunk_of, dp_of, stage_class, overlap_slowdown, phase.profile)
     for chunk, dp in zip(chunk_of, dp_of):
         if dp.gathers_s and not dp.gather_first_forward_only:
             # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and

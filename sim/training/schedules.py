@@ -1188,6 +1188,11 @@ class ProgramProfile:
     # that op's start to the stage's end; and which of them is each stage's
     gradient_tails: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
     gradient_tail_of_stage: tuple[int, ...]
+    # per stage, per local chunk in the program order of its first F: the F, B, W op counts of every
+    # local chunk (flat, chunk-major) that run between the previous chunk's first F and this one
+    # (``first_forward_heads``); and the stage of every global chunk (``Program.placement``)
+    first_forward_heads: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
+    placement: tuple[int, ...]
     # the paths of its execution on uniform stages (``Execution``'s first and last fields), or None
     # where the program was executed for its dependency graph alone (``prepare_program_profiles``):
     # then its execution is run once more when a path is first read (``_checked_program``)
@@ -1231,6 +1236,7 @@ class ProgramProfile:
 
 
 _PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths", "gradient_tails", "gradient_tail_of_stage",
+                   "first_forward_heads", "placement",
                    "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
 
 
@@ -1480,6 +1486,7 @@ def _profile(key: ProgramKey, program: Program, execution: Execution | None) -> 
         chunks_per_stage=virtual_stages, split_backward=program.split_backward,
         peak_held_chunks=occupancy.peak_held_chunks, last_chunk_inflight=occupancy.last_chunk_inflight,
         p2p_boundaries=tuple(boundaries), key=key, **gradient_tails(program),
+        first_forward_heads=first_forward_heads(program), placement=program.placement,
         uniform_paths=None if execution is None else (execution[0], execution[3]),
     )
 
@@ -1510,6 +1517,25 @@ def gradient_tails(program: Program) -> dict[str, tuple[Any, ...]]:
         tail = tuple((int(chunks[index]), tuple(suffix[index - first].tolist())) for index in finals)
         of_stage.append(distinct.setdefault(tail, len(distinct)))
     return {"gradient_tails": tuple(distinct), "gradient_tail_of_stage": tuple(of_stage)}
+
+
+def first_forward_heads(program: Program) -> tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]:
+    """``ProgramProfile.first_forward_heads``: per stage, per local chunk in the program order of its
+    first F (the F that waits for the chunk's paced ZeRO-1/2 parameter gather), the chunk and the F, B,
+    W op counts of every local chunk (flat, chunk-major) that run between the previous chunk's first F
+    and this one."""
+    v = program.chunks_per_stage
+    stages = []
+    for ops in program.ops:
+        kinds, chunks = ops[:, 0], ops[:, 2]
+        firsts = sorted(int(np.flatnonzero((kinds == F_CODE) & (chunks == c))[0]) for c in range(v))
+        heads = []
+        for previous, index in zip([-1, *firsts], firsts):
+            counts = np.zeros((v, 3), dtype=np.int64)
+            np.add.at(counts, (chunks[previous + 1:index], kinds[previous + 1:index]), 1)
+            heads.append((int(chunks[index]), tuple(counts.ravel().tolist())))
+        stages.append(tuple(heads))
+    return tuple(stages)
 
 
 def stage_steps(schedule: str, pp: int, stage: int, num_microbatches: int, virtual_stages: int = 1) -> list[Step]:

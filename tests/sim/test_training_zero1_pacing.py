@@ -76,18 +76,19 @@ def test_analytic_equals_des_without_virtual_stages(schedule: str, pp: int, m: i
     assert des.iteration_time_s >= base.iteration_time_s + bucket_s * (1.0 - 1e-12)  # the first bucket is exposed
 
 
-@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8)])
-@pytest.mark.parametrize(("buckets", "bucket_s", "forward_s"), [(3, 0.3, 0.5), (3, 1.0, 0.5), (2, 0.1, 1.0)])
+@pytest.mark.parametrize(("pp", "m", "v"), [(2, 4, 2), (2, 4, 4), (2, 8, 8), (4, 8, 2), (4, 8, 4)])
+@pytest.mark.parametrize(("buckets", "bucket_s", "forward_s"), [(3, 0.3, 0.5), (3, 1.0, 0.5), (2, 1.0, 0.25), (2, 0.1, 1.0)])
 @pytest.mark.parametrize("slowdown", [1.0, 1.25])
-def test_interleaved_analytic_is_bounded_by_the_later_chunks_gathers(pp: int, m: int, buckets: int, bucket_s: float,
-                                                                      forward_s: float, slowdown: float) -> None:
-    # the closed form follows the first chunk's gathers; a later chunk's, queued behind them, can still
-    # be in flight at that chunk's first F (stage 0, pp 4: 1 s short of the DES's 32.17 s): the DES is
-    # at most those gathers longer, never shorter
-    work = paced("interleaved", pp, m, 2, buckets, bucket_s, forward_s, slowdown)
+def test_interleaved_analytic_follows_the_gathers_that_pace_the_first_forwards(
+        pp: int, m: int, v: int, buckets: int, bucket_s: float, forward_s: float, slowdown: float) -> None:
+    # a chunk's gather longer than the pp forwards its stage runs before the next chunk's first F paces
+    # the first forwards (bucket_s 1.0: 2-3 s per gather against pp x 0.25-0.5 s); following every
+    # global chunk's first forward, the closed form is within 0.3 % of the DES there and 2 % elsewhere,
+    # never above it (the chain through the first chunks and the later gathers' slowdown alone read up
+    # to 23.5 % short at pp 2, v 4)
+    work = paced("interleaved", pp, m, v, buckets, bucket_s, forward_s, slowdown)
     des, analytic = run_pipeline(work), analytic_iteration(work)
-    later = buckets * bucket_s
-    assert des.iteration_time_s - 1e-9 <= analytic.iteration_time_s + later
+    assert analytic.iteration_time_s == pytest.approx(des.iteration_time_s, rel=0.003 if bucket_s == 1.0 else 0.02)
     assert analytic.iteration_time_s <= des.iteration_time_s + 1e-9
 
 
