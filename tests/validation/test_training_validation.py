@@ -84,7 +84,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
-    assert len(modern.comparisons) == 32
+    assert len(modern.comparisons) == 34
     des = run_training_modern_suite(fidelity="des")
     assert not des.failures() and not modern.failures(), (des.failures(), modern.failures())
     # the torchtitan rows (FSDP2, one stage): the analytic fidelity follows the DES's FSDP stream op by op
@@ -95,13 +95,13 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.058 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.060 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
     # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
-    # on that network; the other 31 rows are counted
+    # on that network; the other 33 rows are counted
     excluded = {c.row for c in des.comparisons if c.excluded}
     assert excluded == {c.row for c in modern.comparisons if c.excluded} == {"titan-llama2-70b-op-ac"}
-    assert len(des.rows("iteration_time_s")) == 31
+    assert len(des.rows("iteration_time_s")) == 33
     assert 0.75 < des_errors["titan-llama2-70b-op-ac"] < 0.76
     # the seven other torchtitan rows: +5.3..+12.2 % (all slow on EFA) with one gather per chunk; FSDP2's
     # per-block units (fsdp_unit "layer") expose only the first unit's gather: -9.5..+2.8 %
@@ -237,3 +237,20 @@ def test_megatron_core_strong_scaling_shape_is_the_interleaved_one() -> None:
     assert 41.5 / 47.5 - 0.003 <= interleaved <= 42.5 / 46.5, interleaved
     one_f_one_b = mfu(4608, schedule="1f1b", virtual_stages=1) / mfu(96, schedule="1f1b", virtual_stages=1)
     assert one_f_one_b < 0.65, one_f_one_b
+
+
+def test_nemotron_rows_are_the_models_the_table_counted() -> None:
+    # NeMo's table gives Nemotron-8B / 22B as 653 / 554 model TFLOP/s per GPU at 12,701 / 4,256 tokens/s:
+    # the rows' models (squared-ReLU MLP of 4h, 256,000-token vocabulary, untied) count the same FLOPs per
+    # token with the full attention score matrix, as NeMo's formula does
+    from sim.training.config import parse_training
+    from sim.training.run import model_flops_per_iteration
+    from validation.training_suite import published_rows, row_config
+
+    rows = {r["row"]: r for r in published_rows("training_modern.csv")}
+    for name, tflops in (("nemo-nemotron-8b", 653.0), ("nemo-nemotron-22b", 554.0)):
+        config = row_config(rows[name])
+        assert config["model"]["activation"] == "relu2" and config["model"]["vocab"] == 256_000
+        setup = parse_training(config)
+        per_token = model_flops_per_iteration(setup, full_attention=True) / (setup.job.global_batch * setup.job.seq_len)
+        assert per_token * float(rows[name]["published"]) / 1e12 == pytest.approx(tflops, rel=0.005), name
