@@ -84,7 +84,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
-    assert len(modern.comparisons) == 34
+    assert len(modern.comparisons) == 35
     des = run_training_modern_suite(fidelity="des")
     assert not des.failures() and not modern.failures(), (des.failures(), modern.failures())
     # the torchtitan rows (FSDP2, one stage): the analytic fidelity follows the DES's FSDP stream op by op
@@ -98,10 +98,10 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert MODERN_THRESHOLDS[0].max_mape <= 0.060 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
     # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
-    # on that network; the other 33 rows are counted
+    # on that network; the other 34 rows are counted
     excluded = {c.row for c in des.comparisons if c.excluded}
     assert excluded == {c.row for c in modern.comparisons if c.excluded} == {"titan-llama2-70b-op-ac"}
-    assert len(des.rows("iteration_time_s")) == 33
+    assert len(des.rows("iteration_time_s")) == 34
     assert 0.75 < des_errors["titan-llama2-70b-op-ac"] < 0.76
     # the seven other torchtitan rows: +5.3..+12.2 % (all slow on EFA) with one gather per chunk; FSDP2's
     # per-block units (fsdp_unit "layer") expose only the first unit's gather: -9.5..+2.8 %
@@ -254,3 +254,14 @@ def test_nemotron_rows_are_the_models_the_table_counted() -> None:
         setup = parse_training(config)
         per_token = model_flops_per_iteration(setup, full_attention=True) / (setup.job.global_batch * setup.job.seq_len)
         assert per_token * float(rows[name]["published"]) / 1e12 == pytest.approx(tflops, rel=0.005), name
+
+
+def test_the_405b_row_runs_its_recipes_split() -> None:
+    # Megatron-Bridge's Llama 3.1 405B recipe counts the embedding and the loss as a layer each
+    # (account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split): 128 over 64 chunks
+    from validation.training_suite import published_rows, row_config
+
+    row = next(r for r in published_rows("training_modern.csv") if r["row"] == "bridge-llama31-405b")
+    parallel = row_config(row)["parallel"]
+    assert parallel["layers_per_stage"] == [1] + [2] * 62 + [1]
+    assert parallel["pp"] * parallel["virtual_stages"] == 64
