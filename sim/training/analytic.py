@@ -588,12 +588,26 @@ def _first_forward_path_s(
     return arrival
 
 
+def _advance_beside(now: float, done: float, free: float, to: float, slowdown: float) -> float:
+    """Wall seconds at which compute that has run ``done`` nominal seconds by ``now`` has run ``to``, at
+    1 / ``slowdown`` beside a data-parallel stream busy until ``free``, then alone."""
+    if now < free:
+        slowed = (free - now) / slowdown
+        if done + slowed >= to:
+            return now + (to - done) * slowdown
+        return free + (to - done - slowed)
+    return now + (to - done)
+
+
 @lru_cache(maxsize=8192)
-def grad_sync_exposed_s(runs: tuple[tuple[float, int], ...], windows: tuple[tuple[float, float], ...], slowdown: float) -> float:
-    """Seconds a stage's overlapped gradient buckets keep it busy past its last op's nominal end, bucket
-    by bucket as the DES runs them: split over the chunks' final gradient ops in program order (op i of
-    K gets buckets i n // K to (i + 1) n // K - 1, bucket q of its k ready at (q + 1) / k of the op),
-    queued on the data-parallel stream, and slowing the compute they overlap to 1 / ``slowdown``
+def grad_sync_exposed_s(
+    runs: tuple[tuple[float, int], ...], windows: tuple[tuple[float, float], ...], slowdown: float,
+) -> tuple[float, float]:
+    """(Seconds a stage's overlapped gradient buckets keep it busy past its last op's nominal end,
+    seconds by which they slow the compute of its last final gradient op), bucket by bucket as the DES
+    runs them: split over the chunks' final gradient ops in program order (op i of K gets buckets
+    i n // K to (i + 1) n // K - 1, bucket q of its k ready at (q + 1) / k of the op), queued on the
+    data-parallel stream, and slowing the compute they overlap to 1 / ``slowdown``
     (``work.compute_beside_communication``). ``runs``: the buckets' seconds, run-length encoded
     (``DataParallelTimes.bucket_runs``); ``windows``: per final op, (nominal compute seconds from its
     start to the stage's last op, its own seconds); the compute after the first final op is dense.
@@ -608,8 +622,12 @@ def grad_sync_exposed_s(runs: tuple[tuple[float, int], ...], windows: tuple[tupl
     # the cursor: wall seconds since the first final op's start (now) and nominal compute seconds run by
     # then (done); the stream is busy from the cursor until ``free``
     now = done = free = 0.0
+    last_start = 0.0  # wall seconds when the last final op starts
     r, used = 0, 0  # the run of the next bucket, and how many of its buckets are queued
     for i, (window, op_s) in enumerate(windows):
+        if i == ops - 1:
+            now = last_start = _advance_beside(now, done, free, tail - window, slowdown)
+            done = tail - window
         lo, hi = i * n // ops, (i + 1) * n // ops
         if hi == lo:
             continue
@@ -621,12 +639,7 @@ def grad_sync_exposed_s(runs: tuple[tuple[float, int], ...], windows: tuple[tupl
             r, used = (r + 1, 0) if used + take == count else (r, used + take)
             # the first bucket: advance the cursor to its ready point, then queue it
             ready = tail - window + (q - lo + 1) * step
-            if now < free:  # compute beside the stream until it is free, then alone
-                slowed = (free - now) / slowdown
-                now = now + (ready - done) * slowdown if done + slowed >= ready else free + (ready - done - slowed)
-            else:
-                now += ready - done
-            done = ready
+            now, done = _advance_beside(now, done, free, ready, slowdown), ready
             free = max(free, now) + d
             # the others, closed form
             later = take - 1
@@ -640,12 +653,8 @@ def grad_sync_exposed_s(runs: tuple[tuple[float, int], ...], windows: tuple[tupl
                     done += (later - behind) * step
                     free = now + d
             q += take
-    if now < free:
-        slowed = (free - now) / slowdown
-        now = now + (tail - done) * slowdown if done + slowed >= tail else free + (tail - done - slowed)
-    else:
-        now += tail - done
-    return max(now, free) - tail
+    now = _advance_beside(now, done, free, tail, slowdown)
+    return max(now, free) - tail, (now - last_start) - windows[-1][0]
 
 
 def finish_iteration(
@@ -700,16 +709,27 @@ def finish_iteration(
     exposed_dp_critical = 0.0
     starts = phase.stage_start_s or (0.0,) * len(stage_class)
     profile = phase.profile
-    exposed_of_tail: dict[tuple[int, int], float] = {}  # (tail, class): the stages alike share it
-    for s, (last_backward_end, k, start) in enumerate(zip(phase.last_backward_end_s, stage_class, starts)):
-        exposed_dp = exposed_dp_of[k]
+    p = len(stage_class)
+    # the buckets' slowdown of a stage's last op delays the earlier stages' drain where that op is a B
+    # (fused with its W) whose input gradient the stage before waits for: the model-order placement of
+    # 1F1B, GPipe and interleaving; a split backward's last W sends nothing
+    carries = not profile.split_backward and profile.placement == tuple(g % p for g in range(len(profile.placement)))
+    exposed_of_tail: dict[tuple[int, int], tuple[float, float]] = {}  # (tail, class): the stages alike share it
+    exposed_of_stage, slowed_of_stage = [], []
+    for s, k in enumerate(stage_class):
+        exposed_dp, slowed = exposed_dp_of[k], 0.0
         if exposed_dp is None:
             key = (profile.gradient_tail_of_stage[s], k)
-            exposed_dp = exposed_of_tail.get(key)
-            if exposed_dp is None:
+            if key not in exposed_of_tail:
                 windows = gradient_windows(profile.gradient_tails[key[0]], chunk_of[k], profile.split_backward)
-                exposed_dp = exposed_of_tail[key] = grad_sync_exposed_s(dp_of[k].bucket_runs, windows, overlap_slowdown)
-        finish = last_backward_end + shift + exposed_dp + after_of[k] - start
+                exposed_of_tail[key] = grad_sync_exposed_s(dp_of[k].bucket_runs, windows, overlap_slowdown)
+            exposed_dp, slowed = exposed_of_tail[key]
+        exposed_of_stage.append(exposed_dp)
+        slowed_of_stage.append(slowed if carries else 0.0)
+    carried_of_stage = [sum(slowed_of_stage[s + 1:]) for s in range(p)]  # the later stages' slowed last ops
+    for s, (last_backward_end, k, start) in enumerate(zip(phase.last_backward_end_s, stage_class, starts)):
+        exposed_dp = exposed_of_stage[s]
+        finish = last_backward_end + carried_of_stage[s] + shift + exposed_dp + after_of[k] - start
         if finish >= iteration:
             iteration, exposed_dp_critical = finish, shift + exposed_dp + dp_of[k].serial_grad_sync_s
     exposed = dict(phase.exposed_comm_s)
