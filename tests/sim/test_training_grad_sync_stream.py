@@ -1,6 +1,7 @@
 """The analytic fidelity runs a stage's overlapped gradient buckets as the DES does: split over the
 chunks' final gradient ops in program order (``ProgramProfile.gradient_tails``), each bucket ready
-partway through its op, queued on the data-parallel stream, slowing the compute it overlaps."""
+partway through its op, queued on the data-parallel stream, slowing the compute it overlaps; the
+slowdown of a stage's last backward carries down the drain to the stages before it."""
 
 from __future__ import annotations
 
