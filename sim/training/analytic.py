@@ -279,13 +279,18 @@ def pipeline_phase(
                          profile)
 
 
+def _flat_prices(chunks: ChunkTimes) -> list[float]:
+    """A stage's F, B and W seconds per micro-batch, flat and chunk-major, as the profiles' op counts are."""
+    return [seconds for c in chunks.chunks for seconds in (c.forward_s, c.backward_input_s, c.backward_weight_s)]
+
+
 def gradient_windows(
     tail: tuple[tuple[int, tuple[int, ...]], ...], chunks: ChunkTimes, split_backward: bool,
 ) -> tuple[tuple[float, float], ...]:
     """A stage's ``ProgramProfile.gradient_tails`` entry priced at its chunks' F, B and W seconds: per
     final gradient op, (the nominal compute seconds from its start to the stage's last op, its own); the
     final op is the chunk's W, with its B unless the schedule splits the backward."""
-    prices = [seconds for c in chunks.chunks for seconds in (c.forward_s, c.backward_input_s, c.backward_weight_s)]
+    prices = _flat_prices(chunks)
     return tuple(
         (sum(map(mul, counts, prices)), prices[3 * chunk + 2] + (0.0 if split_backward else prices[3 * chunk + 1]))
         for chunk, counts in tail
@@ -562,8 +567,7 @@ def _first_forward_path_s(
     free = [0.0] * p  # when each stage's compute is free
     stream = [0.0] * p  # when each stage's data-parallel stream is free
     issue = [0.0] * p  # when each stage issues its next gather
-    prices = {k: [seconds for w in chunk_of[k].chunks for seconds in (w.forward_s, w.backward_input_s, w.backward_weight_s)]
-              for k in set(stage_class)}
+    prices = {k: _flat_prices(chunk_of[k]) for k in set(stage_class)}
     arrival = 0.0
     for s in profile.placement:
         k, c = stage_class[s], local[s]
@@ -589,14 +593,10 @@ def _first_forward_path_s(
 
 
 def _advance_beside(now: float, done: float, free: float, to: float, slowdown: float) -> float:
-    """Wall seconds at which compute that has run ``done`` nominal seconds by ``now`` has run ``to``, at
-    1 / ``slowdown`` beside a data-parallel stream busy until ``free``, then alone."""
-    if now < free:
-        slowed = (free - now) / slowdown
-        if done + slowed >= to:
-            return now + (to - done) * slowdown
-        return free + (to - done - slowed)
-    return now + (to - done)
+    """Wall seconds at which compute that has run ``done`` nominal seconds by ``now`` has run ``to``,
+    beside a data-parallel stream busy until ``free`` (``compute_beside_communication``), then alone."""
+    inside, left = compute_beside_communication(to - done, max(0.0, free - now), slowdown)
+    return now + inside + left
 
 
 @lru_cache(maxsize=8192)
@@ -647,9 +647,9 @@ def grad_sync_exposed_s(
                 gap = free - now
                 behind = later if d >= wall else min(later, int((gap - wall) // (wall - d)) + 1) if gap >= wall else 0
                 now, free, done = now + behind * wall, free + behind * d, done + behind * step
-                if behind < later:
-                    gap = free - now
-                    now += gap + step - gap / slowdown + (later - behind - 1) * (d + step - d / slowdown)
+                if behind < later:  # the stream frees before the next is ready, and at every later one
+                    now = _advance_beside(now, done, free, done + step, slowdown)
+                    now += (later - behind - 1) * (d + step - d / slowdown)
                     done += (later - behind) * step
                     free = now + d
             q += take

@@ -1235,8 +1235,8 @@ class ProgramProfile:
         return self.peak_held_chunks[stage] / self.chunks_per_stage
 
 
-_PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths", "gradient_tails", "gradient_tail_of_stage",
-                   "first_forward_heads", "placement",
+_PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths",
+                   "gradient_tails", "gradient_tail_of_stage", "first_forward_heads", "placement",
                    "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
 
 
@@ -1509,12 +1509,7 @@ def gradient_tails(program: Program) -> dict[str, tuple[Any, ...]]:
             if not program.split_backward and index > 0 and kinds[index - 1] == B_CODE and chunks[index - 1] == c:
                 index -= 1  # the fused B+W (a W right after its B)
             finals.append(index)
-        finals.sort()
-        first = finals[0]
-        counts = np.zeros((len(kinds) - first, v, 3), dtype=np.int64)
-        counts[np.arange(len(counts)), chunks[first:], kinds[first:]] = 1
-        suffix = counts[::-1].cumsum(axis=0)[::-1].reshape(len(counts), 3 * v)  # row i: the ops from first + i on
-        tail = tuple((int(chunks[index]), tuple(suffix[index - first].tolist())) for index in finals)
+        tail = tuple((int(chunks[index]), _op_counts(kinds, chunks, index, len(kinds), v)) for index in sorted(finals))
         of_stage.append(distinct.setdefault(tail, len(distinct)))
     return {"gradient_tails": tuple(distinct), "gradient_tail_of_stage": tuple(of_stage)}
 
@@ -1529,13 +1524,19 @@ def first_forward_heads(program: Program) -> tuple[tuple[tuple[int, tuple[int, .
     for ops in program.ops:
         kinds, chunks = ops[:, 0], ops[:, 2]
         firsts = sorted(int(np.flatnonzero((kinds == F_CODE) & (chunks == c))[0]) for c in range(v))
-        heads = []
-        for previous, index in zip([-1, *firsts], firsts):
-            counts = np.zeros((v, 3), dtype=np.int64)
-            np.add.at(counts, (chunks[previous + 1:index], kinds[previous + 1:index]), 1)
-            heads.append((int(chunks[index]), tuple(counts.ravel().tolist())))
-        stages.append(tuple(heads))
+        stages.append(tuple(
+            (int(chunks[index]), _op_counts(kinds, chunks, previous + 1, index, v))
+            for previous, index in zip([-1, *firsts], firsts)
+        ))
     return tuple(stages)
+
+
+def _op_counts(kinds: np.ndarray, chunks: np.ndarray, lo: int, hi: int, v: int) -> tuple[int, ...]:
+    """The F, B, W op counts of each of a stage's ``v`` local chunks (flat, chunk-major) among its ops
+    ``lo`` .. ``hi`` - 1 in program order."""
+    counts = np.zeros((v, 3), dtype=np.int64)
+    np.add.at(counts, (chunks[lo:hi], kinds[lo:hi]), 1)
+    return tuple(counts.ravel().tolist())
 
 
 def stage_steps(schedule: str, pp: int, stage: int, num_microbatches: int, virtual_stages: int = 1) -> list[Step]:
