@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import groupby
+from itertools import accumulate, groupby
 from operator import attrgetter, mul
 from typing import NamedTuple, Sequence
 
@@ -657,6 +657,44 @@ def grad_sync_exposed_s(
     return max(now, free) - tail, (now - last_start) - windows[-1][0]
 
 
+def first_backward_starts(
+    chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], profile: ProgramProfile, m: int,
+) -> list[float]:
+    """Per stage, the least time at which it can start its first B (``ProgramProfile.backward_tails``:
+    micro-batch 0's, of global chunk g) at the nominal prices with no transfer time: once that
+    micro-batch's forward has run through every chunk of the model, once the stage has run every op
+    before that B after its first F could start, and once the B of global chunk g + 1 (on its stage, no
+    earlier than that stage's first B) has run, with its W unless the schedule splits the backward."""
+    p, placement = len(stage_class), profile.placement
+    global_of = [[g for g, owner in enumerate(placement) if owner == s] for s in range(p)]  # local -> global
+    works = [chunk_of[stage_class[owner]].chunks[global_of[owner].index(g)] for g, owner in enumerate(placement)]
+    offsets = list(accumulate((w.forward_s for w in works), initial=0.0))  # forward of the chunks before g
+    forward = offsets[-1]
+    first_global = [global_of[s][profile.backward_tails[s][0]] for s in range(p)]
+    starts = [0.0] * p
+    for s in sorted(range(p), key=first_global.__getitem__, reverse=True):
+        g = first_global[s]
+        prices = _flat_prices(chunk_of[stage_class[s]])
+        before = sum(price * (m - count) for price, count in zip(prices, profile.backward_tails[s][1]))
+        start = max(forward, offsets[global_of[s][0]] + before)
+        if g + 1 < len(placement):
+            later = works[g + 1]
+            start = max(start, starts[placement[g + 1]] + later.backward_input_s
+                        + (0.0 if profile.split_backward else later.backward_weight_s))
+        starts[s] = start
+    return starts
+
+
+def fsdp_backward_stream_end_s(first_backward_s: float, tail: tuple[int, tuple[int, ...], int], dp: DataParallelTimes,
+                               m: int) -> float:
+    """The earliest end of a ZeRO-3 stage's data-parallel stream from its first B on (``ProgramProfile.
+    backward_tails``, ``first_backward_starts``): every micro-batch's gradient buckets and the gathers
+    of the ops after that B are issued no earlier, and the one FIFO stream runs them back to back at best."""
+    first_chunk, counts, _ = tail
+    gathers = sum((counts[3 * c] + counts[3 * c + 1]) * g for c, g in enumerate(dp.gathers_s)) - dp.gathers_s[first_chunk]
+    return first_backward_s + gathers + m * dp.grad_sync_s
+
+
 def finish_iteration(
     phase: PipelinePhase,
     chunk_of: Sequence[ChunkTimes],
@@ -676,8 +714,10 @@ def finish_iteration(
     # offset after the stage's last backward
     exposed_dp_of = []
     after_of = []
+    aggregated = []  # per class: whether its ZeRO-3 stream is priced in aggregate (below, then bounded)
     shift = first_forward_shift_s(chunk_of, dp_of, stage_class, overlap_slowdown, phase.profile)
     for chunk, dp in zip(chunk_of, dp_of):
+        aggregate = False
         if dp.gathers_s and not dp.gather_first_forward_only:
             # FSDP / ZeRO-3 (the DES's rule): every micro-batch gathers each chunk before its F and
             # its B and reduce-scatters its gradients (once per loop under bfs: ``gather_rounds``).
@@ -692,17 +732,20 @@ def finish_iteration(
                 # gather's first unit and the last bucket are exposed; the rest overlaps the m
                 # micro-batches' compute and slows it. In aggregate: the per-op waits of a gather (or
                 # of its last unit) longer than the op it hides behind are not followed (the ends
-                # counted on top of a stream longer than the compute stand in for them: within 0.1-5.5 %
-                # of the DES on the golden ZeRO-3 plans with per-layer units, 0.6-5.9 % with one per chunk)
+                # counted on top of a stream longer than the compute stand in for them); where the
+                # stream outlasts the backward, the bounds after the loop below take over (alone, the
+                # aggregate read 10-14 % short of the DES on HSDP plans under GPipe)
                 stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
                 ends = dp.gather_first_s[0] + dp.last_bucket_s
                 stretch = overlap_stretch_s(compute, stream - ends, overlap_slowdown)
                 exposed_dp = ends + stretch + max(0.0, stream - compute - stretch)
+                aggregate = phase.gather_rounds == m
         elif dp.grad_sync:
             exposed_dp = None  # per stage: its program's windows (below)
         else:
             exposed_dp = 0.0
         exposed_dp_of.append(exposed_dp)
+        aggregated.append(aggregate)
         # the serial buckets (no overlap) run before the optimizer: all of them are exposed
         after_of.append(dp.optimizer_s + dp.serial_grad_sync_s)
     iteration = 0.0
@@ -727,6 +770,34 @@ def finish_iteration(
         exposed_of_stage.append(exposed_dp)
         slowed_of_stage.append(slowed if carries else 0.0)
     carried_of_stage = [sum(slowed_of_stage[s + 1:]) for s in range(p)]  # the later stages' slowed last ops
+    # ZeRO-3 stages whose stream outlasts their backward: the stream work issued once a stage's
+    # gradients start to flow cannot start earlier (``fsdp_backward_stream_end_s``); under a model-order
+    # placement with a fused backward a stage's last B (local chunk 0) is what the stage before waits
+    # for, and it cannot start before its gather, which queues behind all that stream work but the
+    # buckets of the gradient ops issued after it (``backward_tails``): its delay delays the earlier
+    # stages' last B too
+    ended = 0.0  # the least time the later stage's last B ends
+    first_backward = first_backward_starts(chunk_of, stage_class, profile, m) if any(aggregated) else []
+    for s in reversed(range(p)):
+        k = stage_class[s]
+        if not aggregated[k]:
+            ended = 0.0
+            continue
+        dp, last_backward_end = dp_of[k], phase.last_backward_end_s[s]
+        tail = profile.backward_tails[s]
+        bound = fsdp_backward_stream_end_s(first_backward[s], tail, dp, m)
+        exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
+        if not carries:
+            continue
+        last = chunk_of[k].chunks[0]
+        backward = last.backward_input_s + last.backward_weight_s
+        share = dp.grad_sync_s / len(dp.gathers_s)  # one chunk's buckets, issued over its gradient op
+        started = max(bound - tail[2] * share - dp.gathers_s[0] + dp.gather_first_s[0], ended)
+        # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
+        stretch = overlap_stretch_s(backward, share, overlap_slowdown)
+        ended = started + backward + stretch
+        finished = started + max(backward + stretch + dp.last_bucket_s, share)
+        exposed_of_stage[s] = max(exposed_of_stage[s], finished - last_backward_end)
     for s, (last_backward_end, k, start) in enumerate(zip(phase.last_backward_end_s, stage_class, starts)):
         exposed_dp = exposed_of_stage[s]
         finish = last_backward_end + carried_of_stage[s] + shift + exposed_dp + after_of[k] - start

@@ -1193,6 +1193,10 @@ class ProgramProfile:
     # (``first_forward_heads``); and the stage of every global chunk (``Program.placement``)
     first_forward_heads: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
     placement: tuple[int, ...]
+    # per stage (``backward_tails``): its first B's chunk, the F, B, W op counts of every local chunk
+    # (flat, chunk-major) from that B to its last op, and how many gradient ops end after its last B's
+    # parameter gather is issued (at the start of the op before that B, a fused B+W or an F)
+    backward_tails: tuple[tuple[int, tuple[int, ...], int], ...]
     # the paths of its execution on uniform stages (``Execution``'s first and last fields), or None
     # where the program was executed for its dependency graph alone (``prepare_program_profiles``):
     # then its execution is run once more when a path is first read (``_checked_program``)
@@ -1236,8 +1240,8 @@ class ProgramProfile:
 
 
 _PROFILE_FIELDS = ("key", "chunks_per_stage", "split_backward", "critical_paths", "stage_paths", "stage_start_paths",
-                   "gradient_tails", "gradient_tail_of_stage", "first_forward_heads", "placement",
-                   "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
+                   "gradient_tails", "gradient_tail_of_stage", "first_forward_heads", "backward_tails",
+                   "placement", "peak_held_chunks", "last_chunk_inflight", "p2p_boundaries")  # what equal profiles share
 
 
 def _built_program(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> Program:
@@ -1486,7 +1490,8 @@ def _profile(key: ProgramKey, program: Program, execution: Execution | None) -> 
         chunks_per_stage=virtual_stages, split_backward=program.split_backward,
         peak_held_chunks=occupancy.peak_held_chunks, last_chunk_inflight=occupancy.last_chunk_inflight,
         p2p_boundaries=tuple(boundaries), key=key, **gradient_tails(program),
-        first_forward_heads=first_forward_heads(program), placement=program.placement,
+        first_forward_heads=first_forward_heads(program), backward_tails=backward_tails(program),
+        placement=program.placement,
         uniform_paths=None if execution is None else (execution[0], execution[3]),
     )
 
@@ -1529,6 +1534,21 @@ def first_forward_heads(program: Program) -> tuple[tuple[tuple[int, tuple[int, .
             for previous, index in zip([-1, *firsts], firsts)
         ))
     return tuple(stages)
+
+
+def backward_tails(program: Program) -> tuple[tuple[int, tuple[int, ...], int], ...]:
+    """``ProgramProfile.backward_tails``: per stage, the chunk of its first B, the F, B, W op counts of
+    every local chunk (flat, chunk-major) from that B to the stage's last op, and the gradient ops
+    among its last B and the op before it (a W there ends a fused B+W)."""
+    v = program.chunks_per_stage
+    tails = []
+    for ops in program.ops:
+        kinds, chunks = ops[:, 0], ops[:, 2]
+        backwards = np.flatnonzero(kinds == B_CODE)
+        first, last = int(backwards[0]), int(backwards[-1])
+        late = 1 + int(last > 0 and kinds[last - 1] == W_CODE)
+        tails.append((int(chunks[first]), _op_counts(kinds, chunks, first, len(kinds), v), late))
+    return tuple(tails)
 
 
 def _op_counts(kinds: np.ndarray, chunks: np.ndarray, lo: int, hi: int, v: int) -> tuple[int, ...]:
