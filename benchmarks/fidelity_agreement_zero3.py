@@ -1,0 +1,66 @@
+"""How far the analytic fidelity's ZeRO-3 / FSDP pipelines read from the DES (prints a table and the
+distribution; not a test: about four minutes of CPU).
+
+The DESIGN rule: the two fidelities agree wherever they model the same overlap (issue 11, on FSDP /
+ZeRO-3 plans too). One stage running F0 B0 F1 B1 ... is followed op by op (``analytic.fsdp_alternating_s``,
+tests/sim/test_training_fsdp_fidelities.py); with several stages or chunks the analytic fidelity prices
+the stream in aggregate and bounds it from each stage's first B (``analytic.first_backward_starts``).
+This sweep measures what that leaves: Llama 3 8B (64 H100, TP 1) and Llama 3 70B (256 H100, TP 4),
+sequence 4,096, micro-batch 1, full recompute, ZeRO-3, every pipeline depth 1-8 under GPipe, 1F1B and
+interleaved (2 virtual stages) at global batch 64 / 256 / 1,024, HSDP on and off, FSDP units of one
+layer and of one chunk.
+
+    PYTHONPATH=. python benchmarks/fidelity_agreement_zero3.py [--worst N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+
+from sim.runner import RunOptions, simulate
+from workloads.errors import InvalidPlanError
+
+MODELS = (("llama3-70b", 256, 4), ("llama3-8b", 64, 1))  # (model, GPUs, tp)
+
+
+def plans():
+    for (model, gpus, tp), pp, batch, schedule, hsdp, unit in itertools.product(
+        MODELS, (1, 2, 4, 8), (64, 256, 1024), ("1f1b", "interleaved", "gpipe"), (False, True), ("layer", "chunk")
+    ):
+        if schedule == "interleaved" and pp == 1:
+            continue
+        parallel = {"tp": tp, "pp": pp, "zero": 3, "hsdp": hsdp, "recompute": "full", "schedule": schedule,
+                    **({"virtual_stages": 2} if schedule == "interleaved" else {})}
+        label = f"{model} pp {pp} batch {batch} {schedule} hsdp {hsdp} unit {unit}"
+        yield label, {"model": {"name": model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
+                      "training": {"seq_len": 4096, "global_batch": batch, "micro_batch": 1, "precision": "bf16",
+                                   "fsdp_unit": unit},
+                      "parallel": parallel}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worst", type=int, default=15, help="rows of the worst plans to print")
+    args = parser.parse_args()
+    errors = []
+    for label, config in plans():
+        try:
+            analytic = simulate(config, RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
+            des = simulate(config, RunOptions(fidelity="des")).metrics()["iteration_time_s"]
+        except InvalidPlanError:
+            continue
+        errors.append((analytic / des - 1.0, label, analytic, des))
+    size = [abs(e) for e, *_ in errors]
+    print(f"{len(errors)} plans: mean |analytic / DES - 1| {100 * statistics.mean(size):.2f} %, "
+          f"median {100 * statistics.median(size):.2f} %, worst {100 * max(size):.2f} %; "
+          f"beyond 2 %: {sum(s > 0.02 for s in size)}, beyond 5 %: {sum(s > 0.05 for s in size)}; "
+          f"analytic above the DES in {sum(e > 0 for e, *_ in errors)}")
+    print(f"{'plan':<58} {'analytic s':>11} {'DES s':>9} {'error':>8}")
+    for error, label, analytic, des in sorted(errors, key=lambda row: -abs(row[0]))[:args.worst]:
+        print(f"{label:<58} {analytic:11.3f} {des:9.3f} {100 * error:+7.2f}%")
+
+
+if __name__ == "__main__":
+    main()
