@@ -658,13 +658,16 @@ def grad_sync_exposed_s(
 
 
 def first_backward_starts(
-    chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], profile: ProgramProfile, m: int,
+    chunk_of: Sequence[ChunkTimes], dp_of: Sequence[DataParallelTimes], stage_class: Sequence[int],
+    profile: ProgramProfile, m: int, overlap_slowdown: float,
 ) -> list[float]:
-    """Per stage, the least time at which it can start its first B (``ProgramProfile.backward_tails``:
-    micro-batch 0's, of global chunk g) at the nominal prices with no transfer time: once that
-    micro-batch's forward has run through every chunk of the model, once the stage has run every op
-    before that B after its first F could start, and once the B of global chunk g + 1 (on its stage, no
-    earlier than that stage's first B) has run, with its W unless the schedule splits the backward."""
+    """Per stage of a ZeRO-3 pipeline, the least time at which it can start its first B
+    (``ProgramProfile.backward_tails``: micro-batch 0's, of global chunk g) at the nominal prices with
+    no transfer time: once that micro-batch's forward has run through every chunk of the model; once
+    the stage has run every op before that B after its first F could start; once the B's gather is in,
+    behind the gathers of every F before it; and once the B of global chunk g + 1 (on its stage, no
+    earlier than that stage's first B) has run, with its W unless the schedule splits the backward, and
+    slowed by the gradient buckets it issues (its chunk's share of its stage's)."""
     p, placement = len(stage_class), profile.placement
     global_of = [[g for g, owner in enumerate(placement) if owner == s] for s in range(p)]  # local -> global
     works = [chunk_of[stage_class[owner]].chunks[global_of[owner].index(g)] for g, owner in enumerate(placement)]
@@ -675,12 +678,17 @@ def first_backward_starts(
     for s in sorted(range(p), key=first_global.__getitem__, reverse=True):
         g = first_global[s]
         prices = _flat_prices(chunk_of[stage_class[s]])
-        before = sum(price * (m - count) for price, count in zip(prices, profile.backward_tails[s][1]))
-        start = max(forward, offsets[global_of[s][0]] + before)
+        first_chunk, counts, _ = profile.backward_tails[s]
+        before = sum(price * (m - count) for price, count in zip(prices, counts))
+        # and once its gather is in, queued behind the gathers of every F before it
+        dp = dp_of[stage_class[s]]
+        gathered = sum((m - counts[3 * c]) * g for c, g in enumerate(dp.gathers_s)) + dp.gather_first_s[first_chunk]
+        start = max(forward, offsets[global_of[s][0]] + before, gathered)
         if g + 1 < len(placement):
-            later = works[g + 1]
-            start = max(start, starts[placement[g + 1]] + later.backward_input_s
-                        + (0.0 if profile.split_backward else later.backward_weight_s))
+            later, owner = works[g + 1], placement[g + 1]
+            backward = later.backward_input_s + (0.0 if profile.split_backward else later.backward_weight_s)
+            share = dp_of[stage_class[owner]].grad_sync_s / len(global_of[owner])
+            start = max(start, starts[owner] + backward + overlap_stretch_s(backward, share, overlap_slowdown))
         starts[s] = start
     return starts
 
@@ -777,7 +785,7 @@ def finish_iteration(
     # buckets of the gradient ops issued after it (``backward_tails``): its delay delays the earlier
     # stages' last B too
     ended = 0.0  # the least time the later stage's last B ends
-    first_backward = first_backward_starts(chunk_of, stage_class, profile, m) if any(aggregated) else []
+    first_backward = first_backward_starts(chunk_of, dp_of, stage_class, profile, m, overlap_slowdown) if any(aggregated) else []
     for s in reversed(range(p)):
         k = stage_class[s]
         if not aggregated[k]:
