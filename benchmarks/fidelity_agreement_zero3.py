@@ -5,12 +5,12 @@ The DESIGN rule: the two fidelities agree wherever they model the same overlap (
 ZeRO-3 plans too). One stage running F0 B0 F1 B1 ... is followed op by op (``analytic.fsdp_alternating_s``,
 tests/sim/test_training_fsdp_fidelities.py); with several stages or chunks the analytic fidelity prices
 the stream in aggregate and bounds it from each stage's first B (``analytic.first_backward_starts``).
-This sweep measures what that leaves: Llama 3 8B (64 H100, TP 1) and Llama 3 70B (256 H100, TP 4),
-sequence 4,096, micro-batch 1, full recompute, ZeRO-3, every pipeline depth 1-8 under GPipe, 1F1B and
-interleaved (2 virtual stages) at global batch 64 / 256 / 1,024, HSDP on and off, FSDP units of one
-layer and of one chunk.
+This sweep measures what that leaves: Llama 3 8B (64 H100, TP 1), Llama 3 70B (256 H100, TP 4) and
+Mixtral 8x7B (256 H100, EP 4), sequence 4,096, micro-batch 1, full recompute, ZeRO-3, pipeline depths
+1, 2, 4, 8 under GPipe, 1F1B, interleaved (2 virtual stages) and ZB-H1 at global batch 64 / 256 /
+1,024, HSDP on and off, FSDP units of one layer and of one chunk (about ten minutes).
 
-    PYTHONPATH=. python benchmarks/fidelity_agreement_zero3.py [--worst N]
+    PYTHONPATH=. python benchmarks/fidelity_agreement_zero3.py [--worst N] [--csv FILE]
 """
 
 from __future__ import annotations
@@ -19,19 +19,22 @@ import argparse
 import itertools
 import statistics
 
+import pandas as pd
+
 from sim.runner import RunOptions, simulate
 from workloads.errors import InvalidPlanError
 
-MODELS = (("llama3-70b", 256, 4), ("llama3-8b", 64, 1))  # (model, GPUs, tp)
+MODELS = (("llama3-70b", 256, 4, 1), ("llama3-8b", 64, 1, 1), ("mixtral-8x7b", 256, 1, 4))  # (model, GPUs, tp, ep)
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
 
 
 def plans():
-    for (model, gpus, tp), pp, batch, schedule, hsdp, unit in itertools.product(
-        MODELS, (1, 2, 4, 8), (64, 256, 1024), ("1f1b", "interleaved", "gpipe"), (False, True), ("layer", "chunk")
+    for (model, gpus, tp, ep), pp, batch, schedule, hsdp, unit in itertools.product(
+        MODELS, (1, 2, 4, 8), (64, 256, 1024), SCHEDULES, (False, True), ("layer", "chunk")
     ):
         if schedule == "interleaved" and pp == 1:
             continue
-        parallel = {"tp": tp, "pp": pp, "zero": 3, "hsdp": hsdp, "recompute": "full", "schedule": schedule,
+        parallel = {"tp": tp, "pp": pp, "ep": ep, "zero": 3, "hsdp": hsdp, "recompute": "full", "schedule": schedule,
                     **({"virtual_stages": 2} if schedule == "interleaved" else {})}
         label = f"{model} pp {pp} batch {batch} {schedule} hsdp {hsdp} unit {unit}"
         yield label, {"model": {"name": model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": gpus},
@@ -43,6 +46,7 @@ def plans():
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worst", type=int, default=15, help="rows of the worst plans to print")
+    parser.add_argument("--csv", help="also write every plan's row to this CSV file")
     args = parser.parse_args()
     errors = []
     for label, config in plans():
@@ -52,6 +56,8 @@ def main() -> None:
         except InvalidPlanError:
             continue
         errors.append((analytic / des - 1.0, label, analytic, des))
+    if args.csv:
+        pd.DataFrame(errors, columns=["error", "plan", "analytic_s", "des_s"]).to_csv(args.csv, index=False)
     size = [abs(e) for e, *_ in errors]
     print(f"{len(errors)} plans: mean |analytic / DES - 1| {100 * statistics.mean(size):.2f} %, "
           f"median {100 * statistics.median(size):.2f} %, worst {100 * max(size):.2f} %; "

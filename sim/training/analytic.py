@@ -28,7 +28,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from sim.training.schedules import (
-    ProgramProfile, amortises_gathers, program_graph, program_profile, schedule_program, tiles_iterations,
+    BackwardTail, ProgramProfile, amortises_gathers, program_graph, program_profile, schedule_program, tiles_iterations,
 )
 from sim.training.work import ChunkWork, CommWork, PipelineWork, compute_beside_communication, overlap_stretch_s
 
@@ -664,43 +664,63 @@ def first_backward_starts(
     """Per stage of a ZeRO-3 pipeline, the least time at which it can start its first B
     (``ProgramProfile.backward_tails``: micro-batch 0's, of global chunk g) at the nominal prices with
     no transfer time: once that micro-batch's forward has run through every chunk of the model; once
-    the stage has run every op before that B after its first F could start; once the B's gather is in,
-    behind the gathers of every F before it; and once the B of global chunk g + 1 (on its stage, no
-    earlier than that stage's first B) has run, with its W unless the schedule splits the backward, and
-    slowed by the gradient buckets it issues (its chunk's share of its stage's)."""
+    the stage has run every op before that B after its first F could start, none faster than the
+    gather issued as the op before it starts; and once the B of global chunk g + 1 (on its stage, no
+    earlier than that stage's first B) has run: alone where the schedule splits the backward, else with
+    its W and slowed by the gradient buckets it issues (its chunk's share of its stage's)."""
     p, placement = len(stage_class), profile.placement
     global_of = [[g for g, owner in enumerate(placement) if owner == s] for s in range(p)]  # local -> global
     works = [chunk_of[stage_class[owner]].chunks[global_of[owner].index(g)] for g, owner in enumerate(placement)]
     offsets = list(accumulate((w.forward_s for w in works), initial=0.0))  # forward of the chunks before g
     forward = offsets[-1]
-    first_global = [global_of[s][profile.backward_tails[s][0]] for s in range(p)]
+    first_global = [global_of[s][profile.backward_tails[s].chunk] for s in range(p)]
     starts = [0.0] * p
     for s in sorted(range(p), key=first_global.__getitem__, reverse=True):
         g = first_global[s]
-        prices = _flat_prices(chunk_of[stage_class[s]])
-        first_chunk, counts, _ = profile.backward_tails[s]
-        before = sum(price * (m - count) for price, count in zip(prices, counts))
-        # and once its gather is in, queued behind the gathers of every F before it
-        dp = dp_of[stage_class[s]]
-        gathered = sum((m - counts[3 * c]) * g for c, g in enumerate(dp.gathers_s)) + dp.gather_first_s[first_chunk]
-        start = max(forward, offsets[global_of[s][0]] + before, gathered)
+        tail = profile.backward_tails[s]
+        before = _paced_ops_s(chunk_of[stage_class[s]], dp_of[stage_class[s]], [m - n for n in tail.counts],
+                              profile.split_backward)
+        start = max(forward, offsets[global_of[s][0]] + before)
         if g + 1 < len(placement):
             later, owner = works[g + 1], placement[g + 1]
-            backward = later.backward_input_s + (0.0 if profile.split_backward else later.backward_weight_s)
-            share = dp_of[stage_class[owner]].grad_sync_s / len(global_of[owner])
-            start = max(start, starts[owner] + backward + overlap_stretch_s(backward, share, overlap_slowdown))
+            if profile.split_backward:  # its B issues no buckets
+                start = max(start, starts[owner] + later.backward_input_s)
+            else:
+                backward = later.backward_input_s + later.backward_weight_s
+                share = dp_of[stage_class[owner]].grad_sync_s / len(global_of[owner])
+                start = max(start, starts[owner] + backward + overlap_stretch_s(backward, share, overlap_slowdown))
         starts[s] = start
     return starts
 
 
-def fsdp_backward_stream_end_s(first_backward_s: float, tail: tuple[int, tuple[int, ...], int], dp: DataParallelTimes,
-                               m: int) -> float:
-    """The earliest end of a ZeRO-3 stage's data-parallel stream from its first B on (``ProgramProfile.
-    backward_tails``, ``first_backward_starts``): every micro-batch's gradient buckets and the gathers
-    of the ops after that B are issued no earlier, and the one FIFO stream runs them back to back at best."""
-    first_chunk, counts, _ = tail
-    gathers = sum((counts[3 * c] + counts[3 * c + 1]) * g for c, g in enumerate(dp.gathers_s)) - dp.gathers_s[first_chunk]
-    return first_backward_s + gathers + m * dp.grad_sync_s
+def _paced_ops_s(chunks: ChunkTimes, dp: DataParallelTimes, counts: Sequence[int], split_backward: bool) -> float:
+    """The least seconds a ZeRO-3 stage takes for ``counts`` F, B, W ops (per local chunk, flat and
+    chunk-major) run back to back: each F and B (with its W unless the backward is split) starts no
+    earlier than the one before it has run nor before its gather, issued as that one starts, is in."""
+    seconds = 0.0
+    for c, (work, gather) in enumerate(zip(chunks.chunks, dp.gathers_s)):
+        forwards, backwards, weights = counts[3 * c:3 * c + 3]
+        backward = work.backward_input_s + (0.0 if split_backward else work.backward_weight_s)
+        seconds += forwards * max(work.forward_s, gather) + backwards * max(backward, gather)
+        seconds += weights * work.backward_weight_s if split_backward else 0.0
+    return seconds
+
+
+def fsdp_backward_stream_end_s(first_backward_s: float, tail: BackwardTail, chunks: ChunkTimes, dp: DataParallelTimes,
+                               m: int, split_backward: bool) -> float:
+    """The earliest end of a ZeRO-3 stage's data-parallel stream from its first gradient op on (its first
+    B, or its first W where the backward is split: ``BackwardTail``), which starts no earlier than the
+    ops from its first B (``first_backward_starts``) have run (``_paced_ops_s``): every micro-batch's
+    gradient buckets and the gathers of the later ops are issued no earlier (but the next gather, issued
+    as the op before starts), and the one FIFO stream runs them back to back at best."""
+    cut = first_backward_s
+    if split_backward:
+        cut += _paced_ops_s(chunks, dp, [a - b for a, b in zip(tail.counts, tail.gradient_counts)], True)
+    after = tail.gradient_counts
+    gathers = sum((after[3 * c] + after[3 * c + 1]) * g for c, g in enumerate(dp.gathers_s))
+    if gathers:
+        gathers -= max(dp.gathers_s) if split_backward else dp.gathers_s[tail.chunk]
+    return cut + gathers + m * dp.grad_sync_s
 
 
 def finish_iteration(
@@ -793,14 +813,14 @@ def finish_iteration(
             continue
         dp, last_backward_end = dp_of[k], phase.last_backward_end_s[s]
         tail = profile.backward_tails[s]
-        bound = fsdp_backward_stream_end_s(first_backward[s], tail, dp, m)
+        bound = fsdp_backward_stream_end_s(first_backward[s], tail, chunk_of[k], dp, m, profile.split_backward)
         exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
         if not carries:
             continue
         last = chunk_of[k].chunks[0]
         backward = last.backward_input_s + last.backward_weight_s
         share = dp.grad_sync_s / len(dp.gathers_s)  # one chunk's buckets, issued over its gradient op
-        started = max(bound - tail[2] * share - dp.gathers_s[0] + dp.gather_first_s[0], ended)
+        started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], ended)
         # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
         stretch = overlap_stretch_s(backward, share, overlap_slowdown)
         ended = started + backward + stretch

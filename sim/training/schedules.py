@@ -1171,6 +1171,17 @@ def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[P
     return out
 
 
+
+class BackwardTail(NamedTuple):
+    """What a stage runs from its first B on (``ProgramProfile.backward_tails``); op counts are F, B, W
+    per local chunk, flat and chunk-major."""
+
+    chunk: int  # local chunk of the first B
+    counts: tuple[int, ...]  # ops from the first B to the stage's last op
+    late: int  # gradient ops among the last B and the op before it (whose start issues that B's gather)
+    gradient_counts: tuple[int, ...]  # ops from the first gradient op (the first W where the backward
+    # is split, else the first B) to the last
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ProgramProfile:
     """What the analytic fidelity and the memory model read of a program (``program_profile``)."""
@@ -1193,10 +1204,8 @@ class ProgramProfile:
     # (``first_forward_heads``); and the stage of every global chunk (``Program.placement``)
     first_forward_heads: tuple[tuple[tuple[int, tuple[int, ...]], ...], ...]
     placement: tuple[int, ...]
-    # per stage (``backward_tails``): its first B's chunk, the F, B, W op counts of every local chunk
-    # (flat, chunk-major) from that B to its last op, and how many gradient ops end after its last B's
-    # parameter gather is issued (at the start of the op before that B, a fused B+W or an F)
-    backward_tails: tuple[tuple[int, tuple[int, ...], int], ...]
+    # per stage, what runs from its first B on (``BackwardTail``)
+    backward_tails: tuple[BackwardTail, ...]
     # the paths of its execution on uniform stages (``Execution``'s first and last fields), or None
     # where the program was executed for its dependency graph alone (``prepare_program_profiles``):
     # then its execution is run once more when a path is first read (``_checked_program``)
@@ -1536,18 +1545,21 @@ def first_forward_heads(program: Program) -> tuple[tuple[tuple[int, tuple[int, .
     return tuple(stages)
 
 
-def backward_tails(program: Program) -> tuple[tuple[int, tuple[int, ...], int], ...]:
-    """``ProgramProfile.backward_tails``: per stage, the chunk of its first B, the F, B, W op counts of
-    every local chunk (flat, chunk-major) from that B to the stage's last op, and the gradient ops
-    among its last B and the op before it (a W there ends a fused B+W)."""
+def backward_tails(program: Program) -> tuple[BackwardTail, ...]:
+    """``ProgramProfile.backward_tails``: per stage, ``BackwardTail`` (a W right before the last B ends a
+    fused B+W)."""
     v = program.chunks_per_stage
     tails = []
     for ops in program.ops:
         kinds, chunks = ops[:, 0], ops[:, 2]
         backwards = np.flatnonzero(kinds == B_CODE)
         first, last = int(backwards[0]), int(backwards[-1])
-        late = 1 + int(last > 0 and kinds[last - 1] == W_CODE)
-        tails.append((int(chunks[first]), _op_counts(kinds, chunks, first, len(kinds), v), late))
+        gradient = int(np.flatnonzero(kinds == W_CODE)[0]) if program.split_backward else first
+        tails.append(BackwardTail(
+            chunk=int(chunks[first]), counts=_op_counts(kinds, chunks, first, len(kinds), v),
+            late=1 + int(last > 0 and kinds[last - 1] == W_CODE),
+            gradient_counts=_op_counts(kinds, chunks, gradient, len(kinds), v),
+        ))
     return tuple(tails)
 
 

@@ -17,7 +17,7 @@ from sim.training.costs import group_links
 from sim.training.data_parallel import param_gather_work
 from sim.training.analytic import analytic_iteration, fsdp_alternating_s
 from sim.training.pipeline_des import run_pipeline
-from sim.training.schedules import program_profile
+from sim.training.schedules import BackwardTail, program_profile
 from sim.training.run import simulate_training
 from sim.training.work import CommWork
 from tests.sim.test_training_des import EXACT, chunk, pipeline
@@ -256,8 +256,13 @@ def test_fidelities_agree_where_the_hsdp_stream_binds_the_backward(pp: int, sche
 
 def test_backward_tails_of_the_named_programs() -> None:
     # 1F1B, pp 2, m 2: stage 0 runs F0 F1 B0 W0 B1 W1 (its last B follows a fused B+W), stage 1
-    # F0 B0 W0 F1 B1 W1 (its last B follows an F); GPipe runs F0 F1 B0 W0 B1 W1 on both
-    assert program_profile("1f1b", 2, 2).backward_tails == ((0, (0, 2, 2), 2), (0, (1, 2, 2), 1))
-    assert program_profile("gpipe", 2, 2).backward_tails == ((0, (0, 2, 2), 2),) * 2
+    # F0 B0 W0 F1 B1 W1 (its last B follows an F); GPipe runs F0 F1 B0 W0 B1 W1 on both. Fused, the first
+    # gradient op is the first B
+    assert program_profile("1f1b", 2, 2).backward_tails == (
+        BackwardTail(0, (0, 2, 2), 2, (0, 2, 2)), BackwardTail(0, (1, 2, 2), 1, (1, 2, 2)))
+    assert program_profile("gpipe", 2, 2).backward_tails == (BackwardTail(0, (0, 2, 2), 2, (0, 2, 2)),) * 2
     # interleaved, v 2: every stage's first B is chunk 1's, after the four F
-    assert program_profile("interleaved", 2, 2, 2).backward_tails == ((1, (0, 2, 2, 0, 2, 2), 2),) * 2
+    assert program_profile("interleaved", 2, 2, 2).backward_tails == (
+        BackwardTail(1, (0, 2, 2, 0, 2, 2), 2, (0, 2, 2, 0, 2, 2)),) * 2
+    # ZB-H1 splits the backward: stage 1 runs F0 B0 F1 B1 W1 W0, its buckets flow from its first W
+    assert program_profile("zb-h1", 2, 2).backward_tails[1] == BackwardTail(0, (1, 2, 2), 1, (0, 0, 2))
