@@ -28,7 +28,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from sim.training.schedules import (
-    BackwardTail, ProgramProfile, amortises_gathers, program_graph, program_profile, schedule_program, tiles_iterations,
+    B_CODE, F_CODE, W_CODE, BackwardTail, ProgramProfile, amortises_gathers, program_graph, program_profile,
+    schedule_program, tiles_iterations,
 )
 from sim.training.work import ChunkWork, CommWork, PipelineWork, compute_beside_communication, overlap_stretch_s
 
@@ -723,6 +724,37 @@ def fsdp_backward_stream_end_s(first_backward_s: float, tail: BackwardTail, chun
     return cut + gathers + m * dp.grad_sync_s
 
 
+def split_stream_end_s(kinds: np.ndarray, chunks_of_ops: np.ndarray, start_s: float, chunks: ChunkTimes,
+                       dp: DataParallelTimes) -> float:
+    """The least time a ZeRO-3 stage whose backward is split ends its compute and data-parallel stream,
+    its ops (``kinds``, ``chunks_of_ops``: its program from its first B on) run from ``start_s`` by the
+    DES's rules but for the waits on other stages and the slowdown: each F or B issues, as it starts,
+    the gather of the next op that needs one and waits for its own gather's first unit; each W queues its
+    chunk's buckets as it starts. Where a W's buckets outlast the ops after it, the gather issued behind
+    them holds the B that needs it while the stream idles through the B before it."""
+    works, share = chunks.chunks, dp.grad_sync_s / len(dp.gathers_s)
+    needing = [j for j, kind in enumerate(kinds) if kind != W_CODE]
+    next_needing = dict(zip(needing, needing[1:]))
+    ready = {0: start_s}  # op -> when its gather's first unit is in (the first op's: at the start)
+    compute = stream = start_s
+    for j, (kind, c) in enumerate(zip(kinds.tolist(), chunks_of_ops.tolist())):
+        work = works[c]
+        begin = max(compute, ready.get(j, compute))
+        if j in next_needing:
+            after = next_needing[j]
+            issued = max(begin, stream)
+            stream = issued + dp.gathers_s[chunks_of_ops[after]]
+            ready[after] = issued + dp.gather_first_s[chunks_of_ops[after]]
+        if kind == F_CODE:
+            compute = begin + work.forward_s
+        elif kind == B_CODE:
+            compute = begin + work.backward_input_s
+        else:
+            stream = max(begin, stream) + share
+            compute = begin + work.backward_weight_s
+    return max(compute, stream)
+
+
 def finish_iteration(
     phase: PipelinePhase,
     chunk_of: Sequence[ChunkTimes],
@@ -814,6 +846,10 @@ def finish_iteration(
         dp, last_backward_end = dp_of[k], phase.last_backward_end_s[s]
         tail = profile.backward_tails[s]
         bound = fsdp_backward_stream_end_s(first_backward[s], tail, chunk_of[k], dp, m, profile.split_backward)
+        if profile.split_backward:
+            ops = schedule_program(*profile.key).ops[s]
+            first = int(np.flatnonzero(ops[:, 0] == B_CODE)[0])
+            bound = max(bound, split_stream_end_s(ops[first:, 0], ops[first:, 2], first_backward[s], chunk_of[k], dp))
         exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
         if not carries:
             continue

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from hardware.collectives import Collective, collective_time_s
@@ -15,9 +16,11 @@ from sim.runner import RunOptions
 from sim.training.config import parse_training
 from sim.training.costs import group_links
 from sim.training.data_parallel import param_gather_work
-from sim.training.analytic import analytic_iteration, fsdp_alternating_s
+from sim.training.analytic import (
+    analytic_iteration, chunk_times, data_parallel_times, fsdp_alternating_s, split_stream_end_s,
+)
 from sim.training.pipeline_des import run_pipeline
-from sim.training.schedules import BackwardTail, program_profile
+from sim.training.schedules import B_CODE, F_CODE, W_CODE, BackwardTail, program_profile
 from sim.training.run import simulate_training
 from sim.training.work import CommWork
 from tests.sim.test_training_des import EXACT, chunk, pipeline
@@ -238,14 +241,16 @@ HSDP_70B = {
 
 
 @pytest.mark.parametrize(("pp", "schedule"), [
-    (1, "gpipe"), (2, "gpipe"), (4, "gpipe"), (8, "gpipe"), (4, "1f1b"), (4, "interleaved"),
+    (1, "gpipe"), (2, "gpipe"), (4, "gpipe"), (8, "gpipe"), (4, "1f1b"), (4, "interleaved"), (1, "zb-h1"), (8, "zb-h1"),
 ])
 def test_fidelities_agree_where_the_hsdp_stream_binds_the_backward(pp: int, schedule: str) -> None:
     # HSDP reduces every micro-batch's gradients across the replicas: the stream outlasts the backward.
     # Its buckets and the later gathers are issued only once a stage's first B starts, and a stage's
     # last B waits for its gather behind them and for the next stage's last B; counting the stream
     # against the whole compute instead (the forward's idle stream included) read 10-14 % short
-    # under GPipe, whose backward follows every forward
+    # under GPipe, whose backward follows every forward. ZB-H1 splits the backward: each W queues its
+    # buckets, the gather issued behind them holds the next B but one, and the stream idles through
+    # the B before it (``split_stream_end_s``): 18-20 % short before
     parallel = {**HSDP_70B["parallel"], "pp": pp, "schedule": schedule,
                 **({"virtual_stages": 2} if schedule == "interleaved" else {})}
     config = {**HSDP_70B, "parallel": parallel}
@@ -266,3 +271,14 @@ def test_backward_tails_of_the_named_programs() -> None:
         BackwardTail(1, (0, 2, 2, 0, 2, 2), 2, (0, 2, 2, 0, 2, 2)),) * 2
     # ZB-H1 splits the backward: stage 1 runs F0 B0 F1 B1 W1 W0, its buckets flow from its first W
     assert program_profile("zb-h1", 2, 2).backward_tails[1] == BackwardTail(0, (1, 2, 2), 1, (0, 0, 2))
+
+
+def test_split_stream_walk_exact_timeline() -> None:
+    # one stage running B0 W0 F1 B1 W1 from t = 0 (gathers 1 s, one unit; F 1 s, B 2 s, W 1 s; 3 s of
+    # buckets per W): B0 0..2 issues F1's gather 0..1; W0 2..3 queues its buckets 2..5; F1 3..4 issues
+    # B1's gather behind them, 5..6; B1 waits for it, 6..8; W1 8..9 queues its buckets 8..11
+    works = (chunk(1.0, 2.0, 1.0),)
+    dp = data_parallel_times(tuple([CommWork(axis="dp", kind="reduce_scatter", message_bytes=1.0, duration_s=3.0)]),
+                             (CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=1.0),), 0.0)
+    kinds = np.array([B_CODE, W_CODE, F_CODE, B_CODE, W_CODE])
+    assert split_stream_end_s(kinds, np.zeros(5, dtype=np.int64), 0.0, chunk_times(works), dp) == pytest.approx(11.0, rel=EXACT)
