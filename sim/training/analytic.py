@@ -669,18 +669,16 @@ def first_backward_starts(
     gather issued as the op before it starts; and once the B of global chunk g + 1 (on its stage, no
     earlier than that stage's first B) has run: alone where the schedule splits the backward, else with
     its W and slowed by the gradient buckets it issues (its chunk's share of its stage's)."""
-    p, placement = len(stage_class), profile.placement
-    global_of = [[g for g, owner in enumerate(placement) if owner == s] for s in range(p)]  # local -> global
-    works = [chunk_of[stage_class[owner]].chunks[global_of[owner].index(g)] for g, owner in enumerate(placement)]
+    p, placement, global_of = len(stage_class), profile.placement, profile.stage_chunks
+    works = [chunk_of[stage_class[owner]].chunks[local] for owner, local in zip(placement, profile.local_chunk)]
     offsets = list(accumulate((w.forward_s for w in works), initial=0.0))  # forward of the chunks before g
     forward = offsets[-1]
-    first_global = [global_of[s][profile.backward_tails[s].chunk] for s in range(p)]
+    first_global = [global_of[s][tail.chunk] for s, tail in enumerate(profile.backward_tails)]
     starts = [0.0] * p
     for s in sorted(range(p), key=first_global.__getitem__, reverse=True):
         g = first_global[s]
-        tail = profile.backward_tails[s]
-        before = _paced_ops_s(chunk_of[stage_class[s]], dp_of[stage_class[s]], [m - n for n in tail.counts],
-                              profile.split_backward)
+        before = _paced_ops_s(chunk_of[stage_class[s]], dp_of[stage_class[s]],
+                              [m - n for n in profile.backward_tails[s].counts], profile.split_backward)
         start = max(forward, offsets[global_of[s][0]] + before)
         if g + 1 < len(placement):
             later, owner = works[g + 1], placement[g + 1]
@@ -838,6 +836,7 @@ def finish_iteration(
     # stages' last B too
     ended = 0.0  # the least time the later stage's last B ends
     first_backward = first_backward_starts(chunk_of, dp_of, stage_class, profile, m, overlap_slowdown) if any(aggregated) else []
+    walked = (-1, 0.0)  # a split backward's stage whose stream bound ends last, and that bound
     for s in reversed(range(p)):
         k = stage_class[s]
         if not aggregated[k]:
@@ -846,10 +845,8 @@ def finish_iteration(
         dp, last_backward_end = dp_of[k], phase.last_backward_end_s[s]
         tail = profile.backward_tails[s]
         bound = fsdp_backward_stream_end_s(first_backward[s], tail, chunk_of[k], dp, m, profile.split_backward)
-        if profile.split_backward:
-            ops = schedule_program(*profile.key).ops[s]
-            first = int(np.flatnonzero(ops[:, 0] == B_CODE)[0])
-            bound = max(bound, split_stream_end_s(ops[first:, 0], ops[first:, 2], first_backward[s], chunk_of[k], dp))
+        if profile.split_backward and bound > walked[1]:
+            walked = (s, bound)
         exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
         if not carries:
             continue
@@ -862,6 +859,13 @@ def finish_iteration(
         ended = started + backward + stretch
         finished = started + max(backward + stretch + dp.last_bucket_s, share)
         exposed_of_stage[s] = max(exposed_of_stage[s], finished - last_backward_end)
+    if walked[0] >= 0:
+        # that stage's ops walked by the DES's rules (``split_stream_end_s``: one stage, for its cost)
+        s = walked[0]
+        k = stage_class[s]
+        ops = np.frombuffer(profile.backward_tails[s].ops, dtype=np.uint8).reshape(-1, 2)
+        end = split_stream_end_s(ops[:, 0], ops[:, 1], first_backward[s], chunk_of[k], dp_of[k])
+        exposed_of_stage[s] = max(exposed_of_stage[s], end - phase.last_backward_end_s[s])
     for s, (last_backward_end, k, start) in enumerate(zip(phase.last_backward_end_s, stage_class, starts)):
         exposed_dp = exposed_of_stage[s]
         finish = last_backward_end + carried_of_stage[s] + shift + exposed_dp + after_of[k] - start

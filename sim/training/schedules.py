@@ -1181,6 +1181,7 @@ class BackwardTail(NamedTuple):
     late: int  # gradient ops among the last B and the op before it (whose start issues that B's gather)
     gradient_counts: tuple[int, ...]  # ops from the first gradient op (the first W where the backward
     # is split, else the first B) to the last
+    ops: bytes = b""  # where the backward is split, the ops from the first B on: pass code, local chunk
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ProgramProfile:
@@ -1219,6 +1220,16 @@ class ProgramProfile:
             execution = _checked_program(*self.key)[1]
             stage_ends, stage_starts = execution[0], execution[3]
         return _pareto(tuple(vec for ends in stage_ends for vec in ends)), stage_ends, stage_starts
+
+    @cached_property
+    def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, its global chunks in local (model) order."""
+        return tuple(tuple(g for g, owner in enumerate(self.placement) if owner == s) for s in range(self.key[1]))
+
+    @cached_property
+    def local_chunk(self) -> tuple[int, ...]:
+        """Local index of every global chunk on its stage."""
+        return tuple(self.stage_chunks[owner].index(g) for g, owner in enumerate(self.placement))
 
     @property
     def critical_paths(self) -> tuple[Vector, ...]:
@@ -1547,7 +1558,7 @@ def first_forward_heads(program: Program) -> tuple[tuple[tuple[int, tuple[int, .
 
 def backward_tails(program: Program) -> tuple[BackwardTail, ...]:
     """``ProgramProfile.backward_tails``: per stage, ``BackwardTail`` (a W right before the last B ends a
-    fused B+W)."""
+    fused B+W; the ops of a split backward kept for ``analytic.split_stream_end_s``)."""
     v = program.chunks_per_stage
     tails = []
     for ops in program.ops:
@@ -1559,6 +1570,7 @@ def backward_tails(program: Program) -> tuple[BackwardTail, ...]:
             chunk=int(chunks[first]), counts=_op_counts(kinds, chunks, first, len(kinds), v),
             late=1 + int(last > 0 and kinds[last - 1] == W_CODE),
             gradient_counts=_op_counts(kinds, chunks, gradient, len(kinds), v),
+            ops=np.stack([kinds[first:], chunks[first:]], axis=1).astype(np.uint8).tobytes() if program.split_backward else b"",
         ))
     return tuple(tails)
 

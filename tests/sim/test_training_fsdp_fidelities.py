@@ -269,8 +269,10 @@ def test_backward_tails_of_the_named_programs() -> None:
     # interleaved, v 2: every stage's first B is chunk 1's, after the four F
     assert program_profile("interleaved", 2, 2, 2).backward_tails == (
         BackwardTail(1, (0, 2, 2, 0, 2, 2), 2, (0, 2, 2, 0, 2, 2)),) * 2
-    # ZB-H1 splits the backward: stage 1 runs F0 B0 F1 B1 W1 W0, its buckets flow from its first W
-    assert program_profile("zb-h1", 2, 2).backward_tails[1] == BackwardTail(0, (1, 2, 2), 1, (0, 0, 2))
+    # ZB-H1 splits the backward: stage 1 runs F0 B0 F1 B1 W1 W0, its buckets flow from its first W;
+    # its ops from the first B are kept (pass code, local chunk)
+    ops = bytes([B_CODE, 0, F_CODE, 0, B_CODE, 0, W_CODE, 0, W_CODE, 0])
+    assert program_profile("zb-h1", 2, 2).backward_tails[1] == BackwardTail(0, (1, 2, 2), 1, (0, 0, 2), ops)
 
 
 def test_split_stream_walk_exact_timeline() -> None:
