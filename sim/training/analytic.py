@@ -658,68 +658,72 @@ def grad_sync_exposed_s(
     return max(now, free) - tail, (now - last_start) - windows[-1][0]
 
 
+class Zero3Prices(NamedTuple):
+    """A stage class's prices for the ZeRO-3 bounds (``zero3_prices``), flat per op F, B, W and
+    chunk-major as ``BackwardTail``'s counts."""
+
+    paced: tuple[float, ...]  # an op run back to back, no faster than the gather issued as the one before starts
+    gathers: tuple[float, ...]  # the gather each op needs (none for a W)
+    hop: tuple[float, ...]  # per chunk, its B as the drain runs it: alone where the backward is split, else
+    # with its W and slowed by the buckets it issues (its chunk's share of the stage's)
+    share: float  # one chunk's buckets, issued over one of its gradient ops
+    stream: float  # every micro-batch's buckets
+
+
+def zero3_prices(chunks: ChunkTimes, dp: DataParallelTimes, m: int, split_backward: bool,
+                 overlap_slowdown: float) -> Zero3Prices:
+    paced, gathers, hop = [], [], []
+    share = dp.grad_sync_s / len(dp.gathers_s)
+    for work, gather in zip(chunks.chunks, dp.gathers_s):
+        backward = work.backward_input_s + (0.0 if split_backward else work.backward_weight_s)
+        paced += [max(work.forward_s, gather), max(backward, gather), work.backward_weight_s if split_backward else 0.0]
+        gathers += [gather, gather, 0.0]
+        hop.append(backward if split_backward else backward + overlap_stretch_s(backward, share, overlap_slowdown))
+    return Zero3Prices(tuple(paced), tuple(gathers), tuple(hop), share, m * dp.grad_sync_s)
+
+
 def first_backward_starts(
-    chunk_of: Sequence[ChunkTimes], dp_of: Sequence[DataParallelTimes], stage_class: Sequence[int],
-    profile: ProgramProfile, m: int, overlap_slowdown: float,
+    chunk_of: Sequence[ChunkTimes], prices_of: Sequence[Zero3Prices | None], stage_class: Sequence[int],
+    profile: ProgramProfile,
 ) -> list[float]:
     """Per stage of a ZeRO-3 pipeline, the least time at which it can start its first B
     (``ProgramProfile.backward_tails``: micro-batch 0's, of global chunk g) at the nominal prices with
     no transfer time: once that micro-batch's forward has run through every chunk of the model; once
     the stage has run every op before that B after its first F could start, none faster than the
     gather issued as the op before it starts; and once the B of global chunk g + 1 (on its stage, no
-    earlier than that stage's first B) has run: alone where the schedule splits the backward, else with
-    its W and slowed by the gradient buckets it issues (its chunk's share of its stage's)."""
-    p, placement, global_of = len(stage_class), profile.placement, profile.stage_chunks
-    works = [chunk_of[stage_class[owner]].chunks[local] for owner, local in zip(placement, profile.local_chunk)]
-    offsets = list(accumulate((w.forward_s for w in works), initial=0.0))  # forward of the chunks before g
+    earlier than that stage's first B) has run (``Zero3Prices.hop``)."""
+    p, placement, global_of, local_of = len(stage_class), profile.placement, profile.stage_chunks, profile.local_chunk
+    offsets = list(accumulate(
+        (chunk_of[stage_class[owner]].chunks[local].forward_s for owner, local in zip(placement, local_of)), initial=0.0
+    ))  # forward of the chunks before g
     forward = offsets[-1]
-    first_global = [global_of[s][tail.chunk] for s, tail in enumerate(profile.backward_tails)]
+    first_global, order = profile.first_backward_chunks
     starts = [0.0] * p
-    for s in sorted(range(p), key=first_global.__getitem__, reverse=True):
-        g = first_global[s]
-        before = _paced_ops_s(chunk_of[stage_class[s]], dp_of[stage_class[s]],
-                              [m - n for n in profile.backward_tails[s].counts], profile.split_backward)
-        start = max(forward, offsets[global_of[s][0]] + before)
+    for s in order:
+        g, prices = first_global[s], prices_of[stage_class[s]]
+        start = offsets[global_of[s][0]] + sum(map(mul, profile.backward_tails[s].before, prices.paced))
+        start = start if start > forward else forward
         if g + 1 < len(placement):
-            later, owner = works[g + 1], placement[g + 1]
-            if profile.split_backward:  # its B issues no buckets
-                start = max(start, starts[owner] + later.backward_input_s)
-            else:
-                backward = later.backward_input_s + later.backward_weight_s
-                share = dp_of[stage_class[owner]].grad_sync_s / len(global_of[owner])
-                start = max(start, starts[owner] + backward + overlap_stretch_s(backward, share, overlap_slowdown))
+            owner = placement[g + 1]
+            start = max(start, starts[owner] + prices_of[stage_class[owner]].hop[local_of[g + 1]])
         starts[s] = start
     return starts
 
 
-def _paced_ops_s(chunks: ChunkTimes, dp: DataParallelTimes, counts: Sequence[int], split_backward: bool) -> float:
-    """The least seconds a ZeRO-3 stage takes for ``counts`` F, B, W ops (per local chunk, flat and
-    chunk-major) run back to back: each F and B (with its W unless the backward is split) starts no
-    earlier than the one before it has run nor before its gather, issued as that one starts, is in."""
-    seconds = 0.0
-    for c, (work, gather) in enumerate(zip(chunks.chunks, dp.gathers_s)):
-        forwards, backwards, weights = counts[3 * c:3 * c + 3]
-        backward = work.backward_input_s + (0.0 if split_backward else work.backward_weight_s)
-        seconds += forwards * max(work.forward_s, gather) + backwards * max(backward, gather)
-        seconds += weights * work.backward_weight_s if split_backward else 0.0
-    return seconds
-
-
-def fsdp_backward_stream_end_s(first_backward_s: float, tail: BackwardTail, chunks: ChunkTimes, dp: DataParallelTimes,
-                               m: int, split_backward: bool) -> float:
+def fsdp_backward_stream_end_s(first_backward_s: float, tail: BackwardTail, prices: Zero3Prices,
+                               split_backward: bool) -> float:
     """The earliest end of a ZeRO-3 stage's data-parallel stream from its first gradient op on (its first
     B, or its first W where the backward is split: ``BackwardTail``), which starts no earlier than the
-    ops from its first B (``first_backward_starts``) have run (``_paced_ops_s``): every micro-batch's
-    gradient buckets and the gathers of the later ops are issued no earlier (but the next gather, issued
-    as the op before starts), and the one FIFO stream runs them back to back at best."""
+    ops from its first B (``first_backward_starts``) have run (``Zero3Prices.paced``): every
+    micro-batch's gradient buckets and the gathers of the later ops are issued no earlier (but the next
+    gather, issued as the op before starts), and the one FIFO stream runs them back to back at best."""
     cut = first_backward_s
     if split_backward:
-        cut += _paced_ops_s(chunks, dp, [a - b for a, b in zip(tail.counts, tail.gradient_counts)], True)
-    after = tail.gradient_counts
-    gathers = sum((after[3 * c] + after[3 * c + 1]) * g for c, g in enumerate(dp.gathers_s))
+        cut += sum(map(mul, tail.counts, prices.paced)) - sum(map(mul, tail.gradient_counts, prices.paced))
+    gathers = sum(map(mul, tail.gradient_counts, prices.gathers))
     if gathers:
-        gathers -= max(dp.gathers_s) if split_backward else dp.gathers_s[tail.chunk]
-    return cut + gathers + m * dp.grad_sync_s
+        gathers -= max(prices.gathers) if split_backward else prices.gathers[3 * tail.chunk]
+    return cut + gathers + prices.stream
 
 
 def split_stream_end_s(kinds: np.ndarray, chunks_of_ops: np.ndarray, start_s: float, chunks: ChunkTimes,
@@ -835,29 +839,29 @@ def finish_iteration(
     # buckets of the gradient ops issued after it (``backward_tails``): its delay delays the earlier
     # stages' last B too
     ended = 0.0  # the least time the later stage's last B ends
-    first_backward = first_backward_starts(chunk_of, dp_of, stage_class, profile, m, overlap_slowdown) if any(aggregated) else []
+    prices_of = [zero3_prices(chunk, dp, m, profile.split_backward, overlap_slowdown) if bound else None
+                 for chunk, dp, bound in zip(chunk_of, dp_of, aggregated)]
+    first_backward = first_backward_starts(chunk_of, prices_of, stage_class, profile) if any(aggregated) else []
     walked = (-1, 0.0)  # a split backward's stage whose stream bound ends last, and that bound
     for s in reversed(range(p)):
         k = stage_class[s]
-        if not aggregated[k]:
+        prices = prices_of[k]
+        if prices is None:
             ended = 0.0
             continue
-        dp, last_backward_end = dp_of[k], phase.last_backward_end_s[s]
-        tail = profile.backward_tails[s]
-        bound = fsdp_backward_stream_end_s(first_backward[s], tail, chunk_of[k], dp, m, profile.split_backward)
+        dp, last_backward_end, tail = dp_of[k], phase.last_backward_end_s[s], profile.backward_tails[s]
+        bound = fsdp_backward_stream_end_s(first_backward[s], tail, prices, profile.split_backward)
         if profile.split_backward and bound > walked[1]:
             walked = (s, bound)
         exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
         if not carries:
             continue
         last = chunk_of[k].chunks[0]
-        backward = last.backward_input_s + last.backward_weight_s
-        share = dp.grad_sync_s / len(dp.gathers_s)  # one chunk's buckets, issued over its gradient op
+        backward, share = last.backward_input_s + last.backward_weight_s, prices.share
         started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], ended)
         # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
-        stretch = overlap_stretch_s(backward, share, overlap_slowdown)
-        ended = started + backward + stretch
-        finished = started + max(backward + stretch + dp.last_bucket_s, share)
+        ended = started + prices.hop[0]
+        finished = started + max(prices.hop[0] + dp.last_bucket_s, share)
         exposed_of_stage[s] = max(exposed_of_stage[s], finished - last_backward_end)
     if walked[0] >= 0:
         # that stage's ops walked by the DES's rules (``split_stream_end_s``: one stage, for its cost)

@@ -1181,6 +1181,7 @@ class BackwardTail(NamedTuple):
     late: int  # gradient ops among the last B and the op before it (whose start issues that B's gather)
     gradient_counts: tuple[int, ...]  # ops from the first gradient op (the first W where the backward
     # is split, else the first B) to the last
+    before: tuple[int, ...] = ()  # ops before the first B
     ops: bytes = b""  # where the backward is split, the ops from the first B on: pass code, local chunk
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -1230,6 +1231,12 @@ class ProgramProfile:
     def local_chunk(self) -> tuple[int, ...]:
         """Local index of every global chunk on its stage."""
         return tuple(self.stage_chunks[owner].index(g) for g, owner in enumerate(self.placement))
+
+    @cached_property
+    def first_backward_chunks(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(the global chunk of every stage's first B, the stages from the latest such chunk down)."""
+        first = tuple(self.stage_chunks[s][tail.chunk] for s, tail in enumerate(self.backward_tails))
+        return first, tuple(sorted(range(len(first)), key=first.__getitem__, reverse=True))
 
     @property
     def critical_paths(self) -> tuple[Vector, ...]:
@@ -1570,6 +1577,7 @@ def backward_tails(program: Program) -> tuple[BackwardTail, ...]:
             chunk=int(chunks[first]), counts=_op_counts(kinds, chunks, first, len(kinds), v),
             late=1 + int(last > 0 and kinds[last - 1] == W_CODE),
             gradient_counts=_op_counts(kinds, chunks, gradient, len(kinds), v),
+            before=_op_counts(kinds, chunks, 0, first, v),
             ops=np.stack([kinds[first:], chunks[first:]], axis=1).astype(np.uint8).tobytes() if program.split_backward else b"",
         ))
     return tuple(tails)

@@ -264,15 +264,15 @@ def test_backward_tails_of_the_named_programs() -> None:
     # F0 B0 W0 F1 B1 W1 (its last B follows an F); GPipe runs F0 F1 B0 W0 B1 W1 on both. Fused, the first
     # gradient op is the first B
     assert program_profile("1f1b", 2, 2).backward_tails == (
-        BackwardTail(0, (0, 2, 2), 2, (0, 2, 2)), BackwardTail(0, (1, 2, 2), 1, (1, 2, 2)))
-    assert program_profile("gpipe", 2, 2).backward_tails == (BackwardTail(0, (0, 2, 2), 2, (0, 2, 2)),) * 2
+        BackwardTail(0, (0, 2, 2), 2, (0, 2, 2), (2, 0, 0)), BackwardTail(0, (1, 2, 2), 1, (1, 2, 2), (1, 0, 0)))
+    assert program_profile("gpipe", 2, 2).backward_tails == (BackwardTail(0, (0, 2, 2), 2, (0, 2, 2), (2, 0, 0)),) * 2
     # interleaved, v 2: every stage's first B is chunk 1's, after the four F
     assert program_profile("interleaved", 2, 2, 2).backward_tails == (
-        BackwardTail(1, (0, 2, 2, 0, 2, 2), 2, (0, 2, 2, 0, 2, 2)),) * 2
+        BackwardTail(1, (0, 2, 2, 0, 2, 2), 2, (0, 2, 2, 0, 2, 2), (2, 0, 0, 2, 0, 0)),) * 2
     # ZB-H1 splits the backward: stage 1 runs F0 B0 F1 B1 W1 W0, its buckets flow from its first W;
     # its ops from the first B are kept (pass code, local chunk)
     ops = bytes([B_CODE, 0, F_CODE, 0, B_CODE, 0, W_CODE, 0, W_CODE, 0])
-    assert program_profile("zb-h1", 2, 2).backward_tails[1] == BackwardTail(0, (1, 2, 2), 1, (0, 0, 2), ops)
+    assert program_profile("zb-h1", 2, 2).backward_tails[1] == BackwardTail(0, (1, 2, 2), 1, (0, 0, 2), (1, 0, 0), ops)
 
 
 def test_split_stream_walk_exact_timeline() -> None:
