@@ -672,6 +672,7 @@ class Zero3Prices(NamedTuple):
 
 def zero3_prices(chunks: ChunkTimes, dp: DataParallelTimes, m: int, split_backward: bool,
                  overlap_slowdown: float) -> Zero3Prices:
+    """``Zero3Prices`` of a stage class whose ``m`` micro-batches each gather and reduce-scatter."""
     paced, gathers, hop = [], [], []
     share = dp.grad_sync_s / len(dp.gathers_s)
     for work, gather in zip(chunks.chunks, dp.gathers_s):
@@ -701,8 +702,7 @@ def first_backward_starts(
     starts = [0.0] * p
     for s in order:
         g, prices = first_global[s], prices_of[stage_class[s]]
-        start = offsets[global_of[s][0]] + sum(map(mul, profile.backward_tails[s].before, prices.paced))
-        start = start if start > forward else forward
+        start = max(forward, offsets[global_of[s][0]] + sum(map(mul, profile.backward_tails[s].before, prices.paced)))
         if g + 1 < len(placement):
             owner = placement[g + 1]
             start = max(start, starts[owner] + prices_of[stage_class[owner]].hop[local_of[g + 1]])
@@ -837,7 +837,8 @@ def finish_iteration(
     # placement with a fused backward a stage's last B (local chunk 0) is what the stage before waits
     # for, and it cannot start before its gather, which queues behind all that stream work but the
     # buckets of the gradient ops issued after it (``backward_tails``): its delay delays the earlier
-    # stages' last B too
+    # stages' last B too. Where the backward is split, the stage whose bound ends last is also walked
+    # op by op (``split_stream_end_s``)
     ended = 0.0  # the least time the later stage's last B ends
     prices_of = [zero3_prices(chunk, dp, m, profile.split_backward, overlap_slowdown) if bound else None
                  for chunk, dp, bound in zip(chunk_of, dp_of, aggregated)]
@@ -856,8 +857,7 @@ def finish_iteration(
         exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
         if not carries:
             continue
-        last = chunk_of[k].chunks[0]
-        backward, share = last.backward_input_s + last.backward_weight_s, prices.share
+        share = prices.share
         started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], ended)
         # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
         ended = started + prices.hop[0]

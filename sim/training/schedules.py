@@ -1171,7 +1171,6 @@ def _graphs(programs: list[Program], table: _Lanes, level: np.ndarray) -> list[P
     return out
 
 
-
 class BackwardTail(NamedTuple):
     """What a stage runs from its first B on (``ProgramProfile.backward_tails``); op counts are F, B, W
     per local chunk, flat and chunk-major."""
@@ -1181,8 +1180,9 @@ class BackwardTail(NamedTuple):
     late: int  # gradient ops among the last B and the op before it (whose start issues that B's gather)
     gradient_counts: tuple[int, ...]  # ops from the first gradient op (the first W where the backward
     # is split, else the first B) to the last
-    before: tuple[int, ...] = ()  # ops before the first B
+    before: tuple[int, ...]  # ops before the first B
     ops: bytes = b""  # where the backward is split, the ops from the first B on: pass code, local chunk
+
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class ProgramProfile:
