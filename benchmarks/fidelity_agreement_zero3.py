@@ -13,10 +13,10 @@ Mixtral 8x7B (256 H100, EP 4), sequence 4,096, micro-batch 1, full recompute, Ze
     PYTHONPATH=. python benchmarks/fidelity_agreement_zero3.py [--worst N] [--csv FILE]
 
 On merged main (2026-12, 2-core machine, about ten minutes): 504 plans, mean |analytic / DES - 1|
-1.68 %, median 1.17 %, beyond 5 % 27, beyond 10 % 2, worst +14.6 % (Llama 3 70B, pp 2, 1F1B, 2
+1.62 %, median 1.17 %, beyond 5 % 23, beyond 10 % 2, worst +14.6 % (Llama 3 70B, pp 2, 1F1B, 2
 micro-batches, per-layer units: the aggregate); before the first-gradient-op bounds (7a492f3): 3.75 %,
 1.52 %, 111, 74, -28.0 % (ZB-H1), and no plan moved away from the DES. By schedule (mean / worst):
-1F1B 1.66 / 14.6 %, GPipe 1.66 / 9.5 %, interleaved 1.40 / 5.0 %, ZB-H1 1.92 / 10.8 % (before: 2.10 /
+1F1B 1.55 / 14.6 %, GPipe 1.54 / 6.6 %, interleaved 1.40 / 5.0 %, ZB-H1 1.92 / 10.8 % (before: 2.10 /
 14.6, 3.55 / 14.6, 2.12 / 12.8, 6.76 / 28.0).
 """
 

@@ -836,8 +836,8 @@ def finish_iteration(
     # gradients start to flow cannot start earlier (``fsdp_backward_stream_end_s``); under a model-order
     # placement with a fused backward a stage's last B (local chunk 0) is what the stage before waits
     # for, and it cannot start before its gather, which queues behind all that stream work but the
-    # buckets of the gradient ops issued after it (``backward_tails``): its delay delays the earlier
-    # stages' last B too. Where the backward is split, the stage whose bound ends last is also walked
+    # buckets of the gradient ops issued after it (``backward_tails``), nor before it would without the
+    # stream; it runs slowed beside its own buckets, and the earlier stages' last B wait for it. Where the backward is split, the stage whose bound ends last is also walked
     # op by op (``split_stream_end_s``)
     ended = 0.0  # the least time the later stage's last B ends
     prices_of = [zero3_prices(chunk, dp, m, profile.split_backward, overlap_slowdown) if bound else None
@@ -857,8 +857,9 @@ def finish_iteration(
         exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
         if not carries:
             continue
-        share = prices.share
-        started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], ended)
+        share, last = prices.share, chunk_of[k].chunks[0]
+        nominal = last_backward_end - last.backward_input_s - last.backward_weight_s  # without the stream
+        started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], nominal, ended)
         # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
         ended = started + prices.hop[0]
         finished = started + max(prices.hop[0] + dp.last_bucket_s, share)
