@@ -1,7 +1,8 @@
 """FSDP / ZeRO-3 data parallelism (one stage, F0 B0 F1 B1 ...): the analytic fidelity follows the DES's
 FSDP stream op by op, so the two agree where the stream hides behind the compute, where it is the
 critical path, and in between (issue 11: the fidelities must agree wherever they model the same
-overlap, on FSDP plans too)."""
+overlap, on FSDP plans too). Pipelines of several stages price the stream in aggregate and bound it
+from each stage's first gradient op (``ProgramProfile.backward_tails``, ``split_stream_end_s``)."""
 
 from __future__ import annotations
 
@@ -280,7 +281,7 @@ def test_split_stream_walk_exact_timeline() -> None:
     # buckets per W): B0 0..2 issues F1's gather 0..1; W0 2..3 queues its buckets 2..5; F1 3..4 issues
     # B1's gather behind them, 5..6; B1 waits for it, 6..8; W1 8..9 queues its buckets 8..11
     works = (chunk(1.0, 2.0, 1.0),)
-    dp = data_parallel_times(tuple([CommWork(axis="dp", kind="reduce_scatter", message_bytes=1.0, duration_s=3.0)]),
+    dp = data_parallel_times((CommWork(axis="dp", kind="reduce_scatter", message_bytes=1.0, duration_s=3.0),),
                              (CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=1.0),), 0.0)
     kinds = np.array([B_CODE, W_CODE, F_CODE, B_CODE, W_CODE])
     assert split_stream_end_s(kinds, np.zeros(5, dtype=np.int64), 0.0, chunk_times(works), dp) == pytest.approx(11.0, rel=EXACT)
