@@ -726,20 +726,20 @@ def fsdp_backward_stream_end_s(first_backward_s: float, tail: BackwardTail, pric
     return cut + gathers + prices.stream
 
 
-def split_stream_end_s(kinds: np.ndarray, chunks_of_ops: np.ndarray, start_s: float, chunks: ChunkTimes,
-                       dp: DataParallelTimes) -> float:
+def split_stream_end_s(kinds: Sequence[int], chunks_of_ops: Sequence[int], start_s: float, chunks: ChunkTimes,
+                       dp: DataParallelTimes, share_s: float) -> float:
     """The least time a ZeRO-3 stage whose backward is split ends its compute and data-parallel stream,
     its ops (``kinds``, ``chunks_of_ops``: its program from its first B on) run from ``start_s`` by the
     DES's rules but for the waits on other stages and the slowdown: each F or B issues, as it starts,
     the gather of the next op that needs one and waits for its own gather's first unit; each W queues its
-    chunk's buckets as it starts. Where a W's buckets outlast the ops after it, the gather issued behind
-    them holds the B that needs it while the stream idles through the B before it."""
-    works, share = chunks.chunks, dp.grad_sync_s / len(dp.gathers_s)
+    chunk's buckets (``share_s``) as it starts. Where a W's buckets outlast the ops after it, the gather
+    issued behind them holds the B that needs it while the stream idles through the B before it."""
+    works = chunks.chunks
     needing = [j for j, kind in enumerate(kinds) if kind != W_CODE]
     next_needing = dict(zip(needing, needing[1:]))
     ready = {0: start_s}  # op -> when its gather's first unit is in (the first op's: at the start)
     compute = stream = start_s
-    for j, (kind, c) in enumerate(zip(kinds.tolist(), chunks_of_ops.tolist())):
+    for j, (kind, c) in enumerate(zip(kinds, chunks_of_ops)):
         work = works[c]
         begin = max(compute, ready.get(j, compute))
         if j in next_needing:
@@ -752,9 +752,59 @@ def split_stream_end_s(kinds: np.ndarray, chunks_of_ops: np.ndarray, start_s: fl
         elif kind == B_CODE:
             compute = begin + work.backward_input_s
         else:
-            stream = max(begin, stream) + share
+            stream = max(begin, stream) + share_s
             compute = begin + work.backward_weight_s
     return max(compute, stream)
+
+
+def fsdp_stream_bounds_s(
+    phase: PipelinePhase, chunk_of: Sequence[ChunkTimes], dp_of: Sequence[DataParallelTimes],
+    stage_class: Sequence[int], aggregated: Sequence[bool], m: int, overlap_slowdown: float, carries: bool,
+) -> list[float]:
+    """Per stage, the least seconds its ZeRO-3 stream keeps it busy past its last backward's nominal end
+    (0 where its class is not priced in aggregate, ``finish_iteration``). The stream work issued once
+    the stage's gradients start to flow cannot start earlier (``fsdp_backward_stream_end_s``). Under a
+    model-order placement with a fused backward (``carries``), a stage's last B (local chunk 0) is what
+    the stage before waits for: it starts no earlier than its gather, queued behind all that stream
+    work but the buckets of the gradient ops issued after it (``BackwardTail.late``), nor than it would
+    without the stream, nor than the later stage's last B ends; it runs slowed beside its own buckets.
+    Where the backward is split, the stage whose bound ends last is also walked op by op
+    (``split_stream_end_s``: one stage, for its cost)."""
+    profile, p = phase.profile, len(stage_class)
+    prices_of = [zero3_prices(chunk, dp, m, profile.split_backward, overlap_slowdown) if bound else None
+                 for chunk, dp, bound in zip(chunk_of, dp_of, aggregated)]
+    first_backward = first_backward_starts(chunk_of, prices_of, stage_class, profile)
+    exposed = [0.0] * p
+    ended = 0.0  # the least time the later stage's last B ends
+    walked = (-1, 0.0)  # a split backward's stage whose stream bound ends last, and that bound
+    for s in reversed(range(p)):
+        k = stage_class[s]
+        prices = prices_of[k]
+        if prices is None:
+            ended = 0.0
+            continue
+        dp, last_backward_end, tail = dp_of[k], phase.last_backward_end_s[s], profile.backward_tails[s]
+        bound = fsdp_backward_stream_end_s(first_backward[s], tail, prices, profile.split_backward)
+        if profile.split_backward and bound > walked[1]:
+            walked = (s, bound)
+        exposed[s] = bound - last_backward_end
+        if not carries:
+            continue
+        share, last = prices.share, chunk_of[k].chunks[0]
+        nominal = last_backward_end - last.backward_input_s - last.backward_weight_s  # without the stream
+        started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], nominal, ended)
+        # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
+        ended = started + prices.hop[0]
+        finished = started + max(prices.hop[0] + dp.last_bucket_s, share)
+        exposed[s] = max(exposed[s], finished - last_backward_end)
+    s = walked[0]
+    if s >= 0:
+        k = stage_class[s]
+        ops = np.frombuffer(profile.backward_tails[s].ops, dtype=np.uint8).reshape(-1, 2)
+        end = split_stream_end_s(ops[:, 0].tolist(), ops[:, 1].tolist(), first_backward[s], chunk_of[k], dp_of[k],
+                                 prices_of[k].share)
+        exposed[s] = max(exposed[s], end - phase.last_backward_end_s[s])
+    return exposed
 
 
 def finish_iteration(
@@ -832,45 +882,9 @@ def finish_iteration(
         exposed_of_stage.append(exposed_dp)
         slowed_of_stage.append(slowed if carries else 0.0)
     carried_of_stage = [sum(slowed_of_stage[s + 1:]) for s in range(p)]  # the later stages' slowed last ops
-    # ZeRO-3 stages whose stream outlasts their backward: the stream work issued once a stage's
-    # gradients start to flow cannot start earlier (``fsdp_backward_stream_end_s``); under a model-order
-    # placement with a fused backward a stage's last B (local chunk 0) is what the stage before waits
-    # for, and it cannot start before its gather, which queues behind all that stream work but the
-    # buckets of the gradient ops issued after it (``backward_tails``), nor before it would without the
-    # stream; it runs slowed beside its own buckets, and the earlier stages' last B wait for it. Where the backward is split, the stage whose bound ends last is also walked
-    # op by op (``split_stream_end_s``)
-    ended = 0.0  # the least time the later stage's last B ends
-    prices_of = [zero3_prices(chunk, dp, m, profile.split_backward, overlap_slowdown) if bound else None
-                 for chunk, dp, bound in zip(chunk_of, dp_of, aggregated)]
-    first_backward = first_backward_starts(chunk_of, prices_of, stage_class, profile) if any(aggregated) else []
-    walked = (-1, 0.0)  # a split backward's stage whose stream bound ends last, and that bound
-    for s in reversed(range(p)):
-        k = stage_class[s]
-        prices = prices_of[k]
-        if prices is None:
-            ended = 0.0
-            continue
-        dp, last_backward_end, tail = dp_of[k], phase.last_backward_end_s[s], profile.backward_tails[s]
-        bound = fsdp_backward_stream_end_s(first_backward[s], tail, prices, profile.split_backward)
-        if profile.split_backward and bound > walked[1]:
-            walked = (s, bound)
-        exposed_of_stage[s] = max(exposed_of_stage[s], bound - last_backward_end)
-        if not carries:
-            continue
-        share, last = prices.share, chunk_of[k].chunks[0]
-        nominal = last_backward_end - last.backward_input_s - last.backward_weight_s  # without the stream
-        started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], nominal, ended)
-        # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
-        ended = started + prices.hop[0]
-        finished = started + max(prices.hop[0] + dp.last_bucket_s, share)
-        exposed_of_stage[s] = max(exposed_of_stage[s], finished - last_backward_end)
-    if walked[0] >= 0:
-        # that stage's ops walked by the DES's rules (``split_stream_end_s``: one stage, for its cost)
-        s = walked[0]
-        k = stage_class[s]
-        ops = np.frombuffer(profile.backward_tails[s].ops, dtype=np.uint8).reshape(-1, 2)
-        end = split_stream_end_s(ops[:, 0], ops[:, 1], first_backward[s], chunk_of[k], dp_of[k])
-        exposed_of_stage[s] = max(exposed_of_stage[s], end - phase.last_backward_end_s[s])
+    if any(aggregated):
+        bounds = fsdp_stream_bounds_s(phase, chunk_of, dp_of, stage_class, aggregated, m, overlap_slowdown, carries)
+        exposed_of_stage = [max(exposed, bound) for exposed, bound in zip(exposed_of_stage, bounds)]
     for s, (last_backward_end, k, start) in enumerate(zip(phase.last_backward_end_s, stage_class, starts)):
         exposed_dp = exposed_of_stage[s]
         finish = last_backward_end + carried_of_stage[s] + shift + exposed_dp + after_of[k] - start

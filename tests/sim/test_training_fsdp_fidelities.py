@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from hardware.collectives import Collective, collective_time_s
@@ -283,5 +282,5 @@ def test_split_stream_walk_exact_timeline() -> None:
     works = (chunk(1.0, 2.0, 1.0),)
     dp = data_parallel_times((CommWork(axis="dp", kind="reduce_scatter", message_bytes=1.0, duration_s=3.0),),
                              (CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=1.0),), 0.0)
-    kinds = np.array([B_CODE, W_CODE, F_CODE, B_CODE, W_CODE])
-    assert split_stream_end_s(kinds, np.zeros(5, dtype=np.int64), 0.0, chunk_times(works), dp) == pytest.approx(11.0, rel=EXACT)
+    kinds = [B_CODE, W_CODE, F_CODE, B_CODE, W_CODE]
+    assert split_stream_end_s(kinds, [0] * 5, 0.0, chunk_times(works), dp, 3.0) == pytest.approx(11.0, rel=EXACT)
