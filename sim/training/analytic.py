@@ -253,12 +253,6 @@ def pipeline_phase(
     # pp: the fill / drain transfers plus what the chunks hold of blocking p2p and vocabulary-parallel
     # collectives (per micro-batch, ``ChunkWork.exposed_comm_s``)
     exposed["pp"] = exposed.get("pp", 0.0) + p2p
-    # Each stage finishes its last backward once the later stages have drained theirs.
-    last_backward_end = []
-    drain_after = 0.0  # backward of the earlier stages, summed in stage order
-    for k in stage_class:
-        last_backward_end.append(pipeline - drain_after)
-        drain_after += chunk_of[k].backward_s
     # ZeRO-3 gathers: FSDP re-gathers a chunk's parameters for every micro-batch that visits it
     # (parameters are freed after each forward and backward), except in a breadth-first loop, where
     # all micro-batches run a chunk back to back and one gather per pass serves them all
@@ -276,8 +270,12 @@ def pipeline_phase(
         span = max(end - start for end, start in zip(finishes, starts))
         bubble = 1.0 - sum(busy) / (p * span) if span > 0 else 0.0
         return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts, alternates(schedule, p, m, v), profile)
-    return PipelinePhase(pipeline, bubble, busy, tuple(last_backward_end), exposed, rounds, (), alternates(schedule, p, m, v),
-                         profile)
+    # when each stage's last op ends: the longest paths on stages that differ, else the program's
+    # paths on uniform stages (exact: the drain of 1F1B, one chunk at a time under interleaving, the
+    # ends of a V or a split backward), and after the fill and drain transfers
+    finishes = spans[1] if spans else _stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v))
+    return PipelinePhase(pipeline, bubble, busy, tuple(f + p2p for f in finishes), exposed, rounds, (),
+                         alternates(schedule, p, m, v), profile)
 
 
 def _flat_prices(chunks: ChunkTimes) -> list[float]:
@@ -341,11 +339,10 @@ def spans_request(
     (``longest_paths``). The uniform-stage closed form would price every op at the slowest stage's
     chunk, idling a heavy stage whose neighbours have slack as if all were as slow (a V schedule
     with the naive vocabulary placement holds the embedding and the LM head on stage 0: a third too
-    slow). With one chunk per stage and a fused backward the closed form is kept."""
+    slow; under 1F1B with one chunk per stage the classic (m - 1) t_slowest + sum t_s counts the faster
+    stages' slack as idle, and under GPipe the slowest forward and the slowest backward on different
+    stages as one)."""
     m, p, v = num_microbatches, len(stage_class), virtual_stages
-    profile = program_profile(schedule, p, m, v)
-    if v == 1 and all(f == b == w for f, b, w in profile.critical_paths):
-        return None
     if len({id(chunk_of[k]) for k in stage_class}) <= 1:
         return None
     price: list[float] = []

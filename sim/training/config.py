@@ -321,7 +321,9 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         # the run's 16-bit dtype whatever the precision (Composer FSDP mixed_precision PURE)
         grad_reduce = "fp16" if job.precision == "fp16" else "bf16"
     elif grad_reduce == "bf16" and job.precision == "fp16":
-        raise ConfigError("[training] grad_reduce_dtype = 'bf16' with precision 'fp16'; allowed: auto, fp32, 16bit")
+        given = "grad_reduce_dtype = 'bf16'" if "grad_reduce_dtype" in training else (
+            f"framework = {stack.name!r} (its grad_reduce_dtype is 'bf16'; set [training] grad_reduce_dtype)")
+        raise ConfigError(f"[training] {given} with precision 'fp16'; allowed grad_reduce_dtype with fp16: auto, fp32, 16bit")
 
     tp = _int(parallel, "tp", "parallel", 1)
     pp = _int(parallel, "pp", "parallel", 1)

@@ -129,6 +129,11 @@ def test_grad_reduce_dtype_sets_the_bucket_bytes() -> None:
     assert buckets(grad_reduce_dtype="fp32") == fp32
     with pytest.raises(ConfigError, match="grad_reduce_dtype = 'bf16' with precision 'fp16'"):
         parse_training(_config(grad_reduce_dtype="bf16"))
+    # a stack's bf16 reduction with fp16 names the framework, not a key the user did not write
+    with pytest.raises(ConfigError, match="framework = 'nemo-1.17' \\(its grad_reduce_dtype is 'bf16'"):
+        parse_training(_config(framework="nemo-1.17"))
+    # Megatron-Bridge reduces in the parameters' 16-bit dtype (grad_reduce_in_fp32 = False): fp16 runs
+    assert parse_training(_config(framework="megatron-bridge")).grad_reduce_dtype == "fp16"
 
 
 def test_tp_comm_overlap_with_tp_1_is_accepted() -> None:
