@@ -315,10 +315,12 @@ def gemm_time_s(
     return kernel_s + launch_overhead_s(gpu)
 
 
-def _check_sequences(sequences: Sequence[tuple[int, int]]) -> None:
+def _check_sequences(sequences: Sequence[tuple[int, int]], causal: bool) -> None:
+    """A causal sequence's queries are the last of its keys (0 <= queries <= keys); an unmasked one
+    (a sliding window's mean, a context-parallel shard) may hold more queries than keys."""
     for q, kv in sequences:
-        if q < 0 or kv < q:
-            raise ValueError(f"sequence (queries={q}, keys={kv}) needs 0 <= queries <= keys")
+        if q < 0 or kv < 0 or (causal and kv < q):
+            raise ValueError(f"sequence (queries={q}, keys={kv}) needs 0 <= queries{' <= keys' if causal else ', 0 <= keys'}")
 
 
 def attention_flops(
@@ -330,7 +332,7 @@ def attention_flops(
     keys after each query, so query i (0-based among the new ones) sees ``kv - q + i + 1`` keys.
     Per-sequence sums: a varlen batch costs exactly the sum of its sequences.
     """
-    _check_sequences(sequences)
+    _check_sequences(sequences, causal)
     v_dim = head_dim if v_head_dim is None else v_head_dim
     keys_seen = 0.0
     for q, kv in sequences:
@@ -391,9 +393,8 @@ def attention_time_s(
     q_tokens = 0
     kv_tokens = 0
     block = ATTENTION_BLOCK
+    _check_sequences(sequences, causal)
     for q, kv in sequences:
-        if q < 0 or kv < q:
-            raise ValueError(f"sequence (queries={q}, keys={kv}) needs 0 <= queries <= keys")
         q_tokens += q
         kv_tokens += kv
         if causal:
@@ -454,10 +455,10 @@ def attention_time_from_totals_s(
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
     if head_dim < 1:
         raise ValueError(f"head_dim = {head_dim} must be >= 1")
-    if query_tokens < 0 or key_tokens < query_tokens or computed_keys < 0:
+    if query_tokens < 0 or key_tokens < 0 or (causal and key_tokens < query_tokens) or computed_keys < 0:
         raise ValueError(
             f"totals (keys processed={computed_keys}, queries={query_tokens}, keys={key_tokens}) need "
-            "0 <= queries <= keys and keys processed >= 0"
+            f"0 <= queries{' <= keys' if causal else ', 0 <= keys'} and keys processed >= 0"
         )
     v_dim = head_dim if v_head_dim is None else v_head_dim
     if backward:

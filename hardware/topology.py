@@ -102,12 +102,14 @@ class Cluster:
         return block, -1
 
     def nic_share_Bps(self, local_gpu: int) -> float:
-        """NIC bandwidth one GPU gets when every GPU of the node sends at once: each NIC is split
-        evenly among the GPUs in its affinity list."""
+        """NIC bandwidth one GPU gets when every GPU of the node sends at once: each NIC runs at the
+        slower of its own rate and the network's link rate (a 400 Gb/s NIC on a 10 GbE port moves
+        10 Gb/s), split evenly among the GPUs in its affinity list."""
         nics = self.node.nics
-        share = sum(nics.bandwidth_Bps / len(group) for group in nics.gpu_affinity if local_gpu in group and group)
+        rate = min(nics.bandwidth_Bps, self.network.link_bandwidth_Bps)
+        share = sum(rate / len(group) for group in nics.gpu_affinity if local_gpu in group and group)
         if share == 0.0:
-            share = nics.count * nics.bandwidth_Bps / self.node.gpus_per_node
+            share = nics.count * rate / self.node.gpus_per_node
         return share
 
     def _inter_path(self, ranks: Sequence[int]) -> tuple[float, int, bool]:

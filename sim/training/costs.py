@@ -152,16 +152,22 @@ def attention_sequences(setup: TrainingSetup) -> tuple[tuple[tuple[int, int], ..
         return attention_sequences_full(s, b, window)
     if cp > 1:
         queries = s * heads_split // cp
-        keys = s // 2 if window is None else min(window, s // 2)
+        keys = s // 2 if window is None or window >= s else _window_mean_keys(s, window)
         return tuple([(queries, keys)] * b), False
     return attention_sequences_full(s, b, window)
 
 
+def _window_mean_keys(s: int, window: int) -> int:
+    """Keys a query of a sequence of s tokens sees on average under a sliding window w < s: the first
+    w queries see 1..w keys, the rest w each."""
+    return round((window * (window + 1) / 2 + (s - window) * window) / s)
+
+
 def attention_sequences_full(s: int, b: int, window: int | None) -> tuple[tuple[tuple[int, int], ...], bool]:
-    """(query, key) pairs of b whole sequences of length s (causal, or a sliding window)."""
+    """(query, key) pairs of b whole sequences of length s (causal, or a sliding window: s queries
+    against the mean key count, unmasked, as many queries as keys or more)."""
     if window is not None and window < s:
-        keys_seen = window * (window + 1) / 2 + (s - window) * window
-        return tuple([(s, round(keys_seen / s))] * b), False
+        return tuple([(s, _window_mean_keys(s, window))] * b), False
     return tuple([(s, s)] * b), True
 
 

@@ -41,6 +41,13 @@ def test_data_parallel_group_strided_across_four_nodes() -> None:
     assert not links.nvls
 
 
+def test_a_nic_runs_at_the_network_link_rate_when_that_is_slower() -> None:
+    """A DGX H100's 400 Gb/s NICs on a 10 GbE fabric move 10 Gb/s each; on 400G InfiniBand, 400."""
+    for network, gbps in (("ethernet-10g", 10), ("ethernet-100g", 100), ("ib-edr-fat-tree", 100), ("ib-ndr-fat-tree", 400)):
+        links = _cluster("dgx-h100", "h100-sxm-80gb", network, 32).group_links([0, 8, 16, 24])
+        assert links.inter_bandwidth_Bps == pytest.approx(gbps * units.Gbps, rel=1e-12)  # four nodes under one leaf
+
+
 def test_rail_only_same_rail_vs_cross_rail() -> None:
     cluster = _cluster("dgx-h100", "h100-sxm-80gb", "rail-only-400g", 32)
     same_rail = cluster.group_links([0, 8, 16, 24])  # local GPU 0 everywhere: one rail switch

@@ -49,3 +49,27 @@ def test_metrics_report_both_conventions_from_one_iteration_time() -> None:
     ratio = m["model_flops_full_attention_per_s_per_gpu"] / m["model_flops_per_s_per_gpu"]
     assert ratio > 1.2  # attention dominates at 32k tokens on an 8B model
     assert m["mfu_full_attention"] == pytest.approx(m["mfu"] * ratio, rel=1e-12)
+
+
+def test_a_sliding_window_longer_sequence_trains_and_counts_the_window() -> None:
+    """Mistral 7B (4,096-token window) at 8,192 tokens: each query sees (w (w + 1) / 2 + (s - w) w) / s
+    = 3,072.5 keys on average, with or without context parallelism; both fidelities run it (it used
+    to stop on a traceback: more queries than keys)."""
+    def setup(**parallel):  # type: ignore[no-untyped-def]
+        config = _config(**parallel)
+        config["model"] = {"name": "mistral-7b"}
+        return config
+
+    base = parse_training(setup())
+    model, s, w = base.model, base.job.seq_len, base.model.sliding_window
+    assert w == 4096 and s == 8192
+    tokens = base.job.global_batch * s
+    linear = 6.0 * model.matmul_parameters_per_token() * tokens
+    mean_keys = round((w * (w + 1) / 2 + (s - w) * w) / s)
+    windowed = linear + 12.0 * model.layers * model.heads * model.head_dim * mean_keys * tokens
+    for parallel in ({}, {"cp": 2}, {"cp": 4, "cp_comm": "all_gather"}, {"cp": 8, "cp_comm": "ulysses"}):
+        assert model_flops_per_iteration(parse_training(setup(**parallel))) == pytest.approx(windowed, rel=1e-3)
+    for parallel in ({}, {"cp": 2}):
+        times = [simulate_training(setup(**parallel), RunOptions(fidelity=f)).metrics()["iteration_time_s"]
+                 for f in ("analytic", "des")]
+        assert times[0] == pytest.approx(times[1], rel=1e-6) and times[0] > 0

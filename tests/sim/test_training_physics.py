@@ -296,3 +296,24 @@ def test_sequence_parallel_regather_hides_behind_its_input_gradient_gemm() -> No
     wgrad = replace(dgrad, name="mlp_up_wgrad", m=dgrad.n, n=dgrad.k, k=dgrad.m)
     assert both.exposed_comm_s["tp"] == 0.0
     assert both.compute_s == pytest.approx(1.25 * seconds(dgrad) + 0.25 * seconds(wgrad), rel=1e-12)
+
+
+def test_a_faster_network_is_never_slower() -> None:
+    """Llama 3 8B on 2 DGX H100 (tp 8, dp 2), Megatron 2021's gradient all-reduce after the backward:
+    the fabric's link rate caps the nodes' 400 Gb/s NICs. On 10 GbE the fp32 all-reduce of the
+    rank's gradients (2 (n - 1) / n x 4 bytes x its parameters) takes at least that over 10 Gb/s."""
+    config = {
+        "model": {"name": "llama3-8b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+        "training": {"seq_len": 4096, "global_batch": 16, "framework": "megatron-2021"},
+        "parallel": {"tp": 8},
+    }
+    times = {}
+    for network in ("ethernet-10g", "ethernet-100g", "ib-edr-fat-tree", "ib-ndr-fat-tree"):
+        metrics = simulate_training({**config, "cluster": {**config["cluster"], "network": network}}, RunOptions()).metrics()
+        times[network] = (metrics["iteration_time_s"], metrics["exposed_communication_s"]["dp"])
+    seconds = [t for t, _ in times.values()]
+    assert seconds == sorted(seconds, reverse=True) and len(set(seconds)) == 4
+    setup = parse_training(config)
+    gradient_bytes = 4.0 * stage_parameters_per_rank(setup, 0)
+    assert times["ethernet-10g"][1] >= 2 * (2 - 1) / 2 * gradient_bytes / (10e9 / 8)
