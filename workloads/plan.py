@@ -13,6 +13,7 @@ V_SCHEDULES = ("zb-v", "v-half", "v-min")  # two chunks per stage in a V
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
 CP_COMM = ("ring", "all_gather", "ulysses", "hybrid")
+CP_COMM_SPELLINGS = {"all-gather": "all_gather"}  # INTERFACE.md writes the K/V all-gather hyphenated
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # what ``recompute = "selective"`` keeps (the stack's selective_recompute): Megatron's attention-core
@@ -36,7 +37,8 @@ class ParallelPlan:
     ep: int = 1
     sequence_parallel: bool = False
     zero: int = 0  # 0 | 1 (distributed optimizer) | 2 | 3 (FSDP full shard)
-    hsdp: bool = False  # with zero=3: shard inside a node, replicate across nodes
+    hsdp: bool = False  # with zero=3: shard over a group of the dp ranks, replicate across the groups
+    hsdp_shard: int = 0  # ranks of the dp x cp group one HSDP shard spans (0: those inside one node)
     schedule: str = "1f1b"
     virtual_stages: int = 1  # model chunks per GPU: "interleaved" / "bfs" any, V shapes 2, "hanayo" 2 per wave
     recompute: str = "none"  # of the layers not counted in ``recompute_layers``
@@ -52,6 +54,8 @@ class ParallelPlan:
     cp_comm: str = "ring"  # context parallel: K/V passed around a ring (overlapped) or all-gathered (Llama 3)
 
     def __post_init__(self) -> None:
+        if self.cp_comm in CP_COMM_SPELLINGS:
+            object.__setattr__(self, "cp_comm", CP_COMM_SPELLINGS[self.cp_comm])
         for axis in ("tp", "pp", "dp", "cp", "ep", "virtual_stages"):
             value = getattr(self, axis)
             if not isinstance(value, int) or value < 1:
@@ -102,6 +106,9 @@ class ParallelPlan:
             raise InvalidPlanError(f"parallel.cp_heads = {self.cp_heads} needs cp_comm = 'hybrid', not '{self.cp_comm}'")
         if self.hsdp and self.zero != 3:
             raise InvalidPlanError(f"parallel.hsdp = true needs zero = 3, not {self.zero}")
+        if self.hsdp_shard and (not self.hsdp or (self.dp * self.cp) % self.hsdp_shard):
+            raise InvalidPlanError(
+                f"parallel.hsdp = {self.hsdp_shard} (the shard group size) must divide dp * cp = {self.dp * self.cp}")
         if (self.dp * self.cp) % self.ep:
             raise InvalidPlanError(f"parallel.ep = {self.ep} must divide dp * cp = {self.dp * self.cp}")
 

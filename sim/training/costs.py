@@ -35,7 +35,7 @@ class Ranks:
     cp: tuple[int, ...]
     dp: tuple[int, ...]  # the data-parallel x context-parallel group ZeRO shards and reduces over
     ep: tuple[int, ...]
-    dp_shard: tuple[int, ...]  # HSDP: the in-node part of the dp group (== dp without HSDP)
+    dp_shard: tuple[int, ...]  # HSDP: the shard group, part of the dp group (== dp without HSDP)
     dp_replicate: tuple[int, ...]  # HSDP: one rank per shard group (a single rank without HSDP)
 
 

@@ -42,7 +42,7 @@ _NOT_MEMORY_FIELDS = ("pp", "virtual_stages", "layers_per_stage", "recompute_lay
 _MEMORY_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_MEMORY_FIELDS)
 _memory_plan_values = attrgetter(*_MEMORY_PLAN_FIELDS)  # plan -> tuple of those fields' values
 # ... and its ``stage_memory_terms`` not on sharding, ZeRO or offload either
-_NOT_TERMS_FIELDS = _NOT_MEMORY_FIELDS + ("dp", "zero", "hsdp", "offload")
+_NOT_TERMS_FIELDS = _NOT_MEMORY_FIELDS + ("dp", "zero", "hsdp", "hsdp_shard", "offload")
 _TERMS_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_TERMS_FIELDS)
 _terms_plan_values = attrgetter(*_TERMS_PLAN_FIELDS)
 # the metrics' nested dicts, copied for the caller (the memoized result stays intact)

@@ -105,7 +105,7 @@ def class_setup(setup: TrainingSetup, layout: "StageLayout", index: int, keys: "
 # optimizer, which other keys carry); every other field, including any added later, is in the key.
 # (recompute_layers reaches a chunk through its signature)
 _NOT_CHUNK_FIELDS = (
-    "pp", "dp", "zero", "hsdp", "schedule", "virtual_stages", "layers_per_stage", "recompute_layers", "offload",
+    "pp", "dp", "zero", "hsdp", "hsdp_shard", "schedule", "virtual_stages", "layers_per_stage", "recompute_layers", "offload",
 )
 _CHUNK_PLAN_FIELDS = tuple(f.name for f in fields(ParallelPlan) if f.name not in _NOT_CHUNK_FIELDS)
 _chunk_plan_values = attrgetter(*_CHUNK_PLAN_FIELDS)  # plan -> tuple of those fields' values
@@ -221,7 +221,7 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
         plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.vocab_parallel, plan.layers_per_stage, plan.recompute_layers,
-        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp, setup.pipeline_p2p,
+        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp, plan.hsdp_shard, setup.pipeline_p2p,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 

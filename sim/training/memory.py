@@ -171,13 +171,14 @@ def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
     """(dense, expert) data-parallel shard degrees for ZeRO.
 
     Megatron rank order puts tp fastest, then cp x dp, so a node of ``gpus_per_node`` GPUs holds
-    gpus_per_node // tp ranks of the dp x cp group; HSDP shards over those (the gcd keeps it a divisor).
+    gpus_per_node // tp ranks of the dp x cp group; HSDP shards over those, or over the plan's
+    ``hsdp_shard`` consecutive ones (the gcd keeps it a divisor).
     """
     dense = plan.dp * plan.cp
     expert = dense // plan.ep
     if plan.hsdp:
-        in_node = max(1, gpus_per_node // plan.tp)
-        return math.gcd(dense, in_node), math.gcd(expert, in_node)
+        group = plan.hsdp_shard or max(1, gpus_per_node // plan.tp)
+        return math.gcd(dense, group), math.gcd(expert, group)
     return dense, expert
 
 

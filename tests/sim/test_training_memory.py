@@ -207,6 +207,31 @@ def test_hsdp_shards_inside_the_node() -> None:
     full = stage_memory(model, dataclasses.replace(plan, hsdp=False), JOB, capacity_bytes=A100_80GB, stage=0)
     # 8 GPUs / tp 2 = 4 data-parallel ranks per node share the states, against 16 without HSDP
     assert got.optimizer_bytes == pytest.approx(4 * full.optimizer_bytes, rel=1e-12)
+    # a shard group of its own size (INTERFACE.md's hsdp = N): 8 ranks share them
+    eight = stage_memory(model, dataclasses.replace(plan, hsdp_shard=8), JOB, capacity_bytes=A100_80GB, stage=0,
+                         gpus_per_node=8)
+    assert eight.optimizer_bytes == pytest.approx(2 * full.optimizer_bytes, rel=1e-12)
+
+
+def test_hsdp_takes_a_shard_group_size_or_true_or_false() -> None:
+    """``[parallel] hsdp``: true shards inside a node, false or 0 over all of dp, N over N ranks
+    (INTERFACE.md); a size that does not divide dp x cp, or a negative one, is one clear error."""
+    from sim.errors import ConfigError
+    from sim.training.config import parse_training
+    from workloads.errors import InvalidPlanError
+
+    def plan(hsdp: object) -> ParallelPlan:
+        return parse_training({"model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 64},
+                               "training": {"seq_len": 4096, "global_batch": 64},
+                               "parallel": {"tp": 2, "zero": 3, "hsdp": hsdp}}).plan
+
+    assert (plan(True).hsdp, plan(True).hsdp_shard) == (True, 0)
+    assert not plan(False).hsdp and not plan(0).hsdp
+    assert (plan(8).hsdp, plan(8).hsdp_shard) == (True, 8)
+    with pytest.raises(InvalidPlanError, match="hsdp = 3 \\(the shard group size\\) must divide dp \\* cp = 32"):
+        plan(3)
+    with pytest.raises(ConfigError, match="hsdp = -1 must be true, false or a shard group size"):
+        plan(-1)
 
 
 def test_expert_parameters_split_over_ep_and_sharded_over_expert_dp() -> None:

@@ -56,3 +56,9 @@ def test_world_size_and_microbatches() -> None:
     assert job.num_microbatches(plan.dp) == 96
     with pytest.raises(InvalidPlanError, match="global_batch 1536 must be divisible by dp 7"):
         job.num_microbatches(7)
+
+
+def test_cp_comm_takes_interface_md_s_hyphenated_all_gather() -> None:
+    assert ParallelPlan(cp=2, cp_comm="all-gather").cp_comm == "all_gather"
+    with pytest.raises(InvalidPlanError, match="cp_comm = 'allgather' must be one of ring, all_gather"):
+        ParallelPlan(cp=2, cp_comm="allgather")
