@@ -18,6 +18,7 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
 
+from hardware.catalog import default_catalog
 from sim.config import reject_unknown_keys, resolve_cluster, section
 from sim.errors import ConfigError
 from sim.training.config import TrainingSetup, parse_training, validate_plan
@@ -169,7 +170,11 @@ def parse_space(config: Mapping[str, Any]) -> TrainingSpace:
 
 def _contexts(config: Mapping[str, Any], search: Mapping[str, Any], objective: str, budget: float | None) -> tuple[Context, ...]:
     cluster = section(config, "cluster")
-    gpus = _list(search, "gpus", str) or (str(cluster.get("gpu")),)
+    gpus = _list(search, "gpus", str)
+    for name in gpus or ():
+        if name not in default_catalog().gpus:
+            raise ConfigError(f"[search] gpus has unknown gpu '{name}'; known: {', '.join(sorted(default_catalog().gpus))}")
+    gpus = gpus or (str(cluster.get("gpu")),)
     sizes = _list(search, "num_gpus", int)
     if sizes is None:
         if not isinstance(cluster.get("num_gpus"), int):

@@ -170,7 +170,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         results = [(value, simulate(with_overrides(config, [f"{key}={value}"]), options)) for value in values]
         frame = sweep.sweep_frame(key, results)
         if args.format == "json":
-            print(dumps({"sweep": key, "runs": [{"value": v, "metrics": r.metrics()} for v, r in results]}))
+            from sim.config import parse_value  # the value as --set applies it: 16, not "16"
+
+            print(dumps({"sweep": key, "runs": [{"value": parse_value(v), "metrics": r.metrics()} for v, r in results]}))
         else:
             print(sweep.sweep_table(frame))
         if out_dir is not None:

@@ -25,7 +25,7 @@ from workloads.model import ModelSpec
 KNOWN_SECTIONS = ("model", "cluster", "training", "parallel", "serving", "workload", "slo", "search", "published")
 
 
-def _parse_value(text: str) -> Any:
+def parse_value(text: str) -> Any:
     """A --set value as TOML would read it (int, float, bool, string, list); bare words are strings."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -46,7 +46,7 @@ def apply_override(config: dict[str, Any], assignment: str) -> None:
         table = table.setdefault(part, {})
         if not isinstance(table, dict):
             raise ConfigError(f"--set '{assignment}': '{part}' is not a table")
-    table[parts[-1]] = _parse_value(text.strip())
+    table[parts[-1]] = parse_value(text.strip())
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> dict[str, Any]:

@@ -140,12 +140,16 @@ def test_training_numbers(capsys: pytest.CaptureFixture[str], assignment: str, f
     [
         ("workload.output_tokens=1000000", "workload.output_tokens reaches 1,000,000 tokens, past the limit of 131,072"),
         ("workload.num_requests=1099511627776", "workload.num_requests = 1,099,511,627,776 is past the limit of 200,000"),
-        ("workload.prompt_tokens={distribution='zipf', exponent=1.1, min=1, max=1099511627776}", "past the limit of 10,000,000 tokens"),
+        ("workload.prompt_tokens={distribution='zipf', exponent=1.1, min=1, max=1099511627776}", "past the limit 10,000,000"),
         ("workload.prompt_tokens={distribution='zipf', exponent=1.1, min=1, max=5000000}", "past the limit of 1,000,000"),
         ("workload.prompt_tokens={distribution='lognormal', mu=1000.0, sigma=1.0}", "workload.prompt_tokens: mu = 1000.0 must be a finite"),
         ("workload.rate_per_s=nan", "workload.rate_per_s = nan must be a finite number"),
         ("workload.burstiness=inf", "workload.burstiness = inf must be a finite number"),
         ("slo.ttft_s=inf", "slo.ttft_s = inf must be a finite number"),
+        # what is allowed, per field (not every dtype of the catalog)
+        ("serving.kv_precision='fp4'", "serving.kv_precision = 'fp4'; allowed: bf16, fp16, fp8, int4"),
+        ("serving.weight_precision='fp4'", "serving.weight_precision = 'fp4'; allowed: bf16, fp16, fp8, int8, int4"),
+        ("workload.sessions={turns=0, think_time_s=1.0}", "workload.sessions.turns = 0 must be in [1, 10,000,000]"),
     ],
 )
 def test_serving_numbers(capsys: pytest.CaptureFixture[str], assignment: str, fragment: str) -> None:
@@ -341,3 +345,23 @@ def test_search_table_values(capsys: pytest.CaptureFixture[str], config: Path, a
     """Each of these was a traceback (an unhashable goal; cp = 0 a ZeroDivisionError) or was accepted and
     the search ran with it (nan / inf train_tokens, an infinite target rate)."""
     assert fragment in error_of(capsys, "search", config, "--workers", "1", "--set", assignment)
+
+
+def test_a_kv_precision_the_gpu_lacks_is_an_error_when_given(capsys: pytest.CaptureFixture[str]) -> None:
+    """As a weight precision: an explicit bf16 KV cache on a V100 is refused; left to the default it
+    becomes fp16."""
+    message = error_of(capsys, "simulate", SERVING, "--set", 'cluster.gpu="v100-sxm-32gb"', "--set", 'cluster.node="dgx-1-v100"',
+                       "--set", 'serving.weight_precision="fp16"', "--set", 'serving.kv_precision="bf16"')
+    assert "serving.kv_precision = 'bf16': gpu v100-sxm-32gb has no bf16 peak" in message
+
+
+def test_search_names_its_own_section_for_an_unknown_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "search.toml"
+    config.write_text(INLINE + '[search]\ngpus = ["h900"]\n')
+    assert "[search] gpus has unknown gpu 'h900'; known: a100-pcie-80gb" in error_of(capsys, "search", config)
+
+
+def test_sweep_json_gives_the_values_as_applied(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", str(TRAINING), "--fidelity", "analytic", "--sweep", "parallel.pp=1,2", "--format", "json"])
+    assert code == 0
+    assert [run["value"] for run in json.loads(capsys.readouterr().out)["runs"]] == [1, 2]

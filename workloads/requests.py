@@ -145,7 +145,7 @@ class LengthSpec:
             raise WorkloadError(f"min = {self.min_tokens} must be >= 1")
         for name, bound in (("min", self.min_tokens), ("max", self.max_tokens), ("value", self.value)):
             if bound is not None and bound > MAX_TOKENS:
-                raise WorkloadError(f"{name} = {bound} is past the limit of {MAX_TOKENS:,} tokens")
+                raise WorkloadError(f"{name} = {bound} is past the limit {MAX_TOKENS:,}")
         for name, number, limit in (("mean", self.mean, MAX_TOKENS), ("std", self.std, MAX_TOKENS),
                                     ("mu", self.mu, MAX_LOGNORMAL_MU), ("sigma", self.sigma, MAX_LOGNORMAL_SIGMA)):
             if number is not None and not (math.isfinite(number) and abs(number) <= limit):
@@ -305,7 +305,7 @@ def parse_length(value: Any, where: str, base_dir: Path | None = None) -> Length
     """An integer (fixed) or a distribution table -> LengthSpec; ``where`` names the field in errors."""
     if isinstance(value, int) and not isinstance(value, bool):
         if not 1 <= value <= MAX_TOKENS:
-            raise WorkloadError(f"{where} = {value} must be in [1, {MAX_TOKENS:,}] tokens")
+            raise WorkloadError(f"{where} = {value} must be in [1, {MAX_TOKENS:,}]")
         return LengthSpec(distribution="fixed", value=value)
     if not isinstance(value, Mapping):
         raise WorkloadError(f"{where} = {value!r} must be an integer or a table with 'distribution'")

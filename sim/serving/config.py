@@ -18,7 +18,6 @@ from sim.notices import warn
 from sim.stacks import get_stack, resolve_settings
 from sim.serving.schedulers import PREEMPTION_MODES
 from workloads.model import ModelSpec
-from workloads.precision import BYTES_PER_ELEMENT
 
 SCHEDULERS = ("static", "orca", "inflight", "vllm", "sarathi", "disaggregated")
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
@@ -177,9 +176,9 @@ def parse_serving(table: Mapping[str, Any]) -> ServingSpec:
     """Validate ``[serving]``; errors name the field, the value and what is allowed."""
     w = "serving"
     _check_keys(table, w, SERVING_KEYS)
-    for key in ("weight_precision", "kv_precision"):
-        if key in table and (not isinstance(table[key], str) or table[key] not in BYTES_PER_ELEMENT):
-            raise ConfigError(f"serving.{key} = {table[key]!r}; allowed: {', '.join(BYTES_PER_ELEMENT)}")
+    for key, allowed in (("weight_precision", WEIGHT_PRECISIONS), ("kv_precision", KV_PRECISIONS)):
+        if key in table and (not isinstance(table[key], str) or table[key] not in allowed):
+            raise ConfigError(f"serving.{key} = {table[key]!r}; allowed: {', '.join(allowed)}")
     stack, settings = resolve_settings("serving", {"serving": table})
     spec: dict[str, Any] = dict(
         framework=stack.name,
@@ -358,7 +357,8 @@ def resolve_token_budget(spec: ServingSpec, table: Mapping[str, Any], model_max_
 
 def fit_precisions(spec: ServingSpec, table: Mapping[str, Any], gpu: Any) -> ServingSpec:
     """Weight, KV and activation formats the GPU can run: a default it lacks (bf16 on V100 / T4)
-    becomes fp16 with a warning; a weight precision the user gave and the GPU lacks is an error."""
+    becomes fp16 with a warning (the KV cache's silently); a weight or KV precision the user gave and the
+    GPU lacks is an error."""
     from sim.config import supported_precision
 
     changes: dict[str, Any] = {}
@@ -370,6 +370,8 @@ def fit_precisions(spec: ServingSpec, table: Mapping[str, Any], gpu: Any) -> Ser
     activation = replace(spec, **changes).activation_precision
     if activation not in gpu.peak_flops_per_s:
         changes["compute_precision"] = supported_precision(activation, gpu, "serving activations", given=False)
-    if spec.kv_precision == "bf16" and "kv_precision" not in table and "bf16" not in gpu.peak_flops_per_s:
+    if spec.kv_precision == "bf16" and "bf16" not in gpu.peak_flops_per_s:
+        if "kv_precision" in table:  # given: an error, as a weight precision the GPU lacks
+            supported_precision("bf16", gpu, "serving.kv_precision", given=True)
         changes["kv_precision"] = "fp16"
     return replace(spec, **changes) if changes else spec
