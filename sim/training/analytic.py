@@ -240,9 +240,14 @@ def pipeline_phase(
             seconds_of.append(2.0 * seconds)
         for boundary in profile.p2p_boundaries:
             p2p += seconds_of[boundary]
-    request = spans_request(chunk_of, stage_class, schedule=schedule, num_microbatches=m, virtual_stages=v)
+    ends = one_chunk_ends(chunk_of, stage_class, schedule=schedule, num_microbatches=m, virtual_stages=v)
+    request = None if ends else spans_request(chunk_of, stage_class, schedule=schedule, num_microbatches=m,
+                                              virtual_stages=v)
     spans = longest_paths(request) if request is not None else None  # stages that differ
-    pipeline = (max(spans[1]) if spans else _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v)) + p2p
+    if ends:
+        pipeline = max(ends) + p2p
+    else:
+        pipeline = (max(spans[1]) if spans else _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v)) + p2p
     busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
     critical = totals.index(max(totals))
@@ -273,7 +278,7 @@ def pipeline_phase(
     # when each stage's last op ends: the longest paths on stages that differ, else the program's
     # paths on uniform stages (exact: the drain of 1F1B, one chunk at a time under interleaving, the
     # ends of a V or a split backward), and after the fill and drain transfers
-    finishes = spans[1] if spans else _stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v))
+    finishes = ends or (spans[1] if spans else _stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v)))
     return PipelinePhase(pipeline, bubble, busy, tuple(f + p2p for f in finishes), exposed, rounds, (),
                          alternates(schedule, p, m, v), profile)
 
@@ -323,6 +328,33 @@ def _program_time(
             return (k - p) * slowest + sum(totals)
         return k * slowest / v
     return max(_stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v)))
+
+
+def one_chunk_ends(
+    chunk_of: Sequence[ChunkTimes], stage_class: Sequence[int], *, schedule: str, num_microbatches: int,
+    virtual_stages: int,
+) -> tuple[float, ...] | None:
+    """When each stage's last op ends, without transfers, where stages differ and a closed form gives
+    the program's longest paths exactly (None elsewhere, and on uniform stages). GPipe with fused
+    backwards: the forward lattice, then the backward one, each paced by its own slowest stage
+    (sum F + (m - 1) max F; stage s ends after sum B + (m - 1) max B over the stages from s on).
+    1F1B whose last stage is the slowest (F + B + W): the classic (m - 1) t_last + sum t_s, each
+    stage ending its drain the backwards of the stages before it earlier (with a faster last stage,
+    the others' slack is not idle: the program's longest paths, ``spans_request``). Both checked
+    against the longest paths on random stages (tests/sim/test_training_uneven_stages.py)."""
+    m, p = num_microbatches, len(stage_class)
+    if virtual_stages != 1 or schedule not in ("gpipe", "1f1b") or len({id(chunk_of[k]) for k in stage_class}) <= 1:
+        return None
+    backward = [chunk_of[k].backward_s for k in stage_class]
+    if schedule == "gpipe":
+        forward = [chunk_of[k].forward_s for k in stage_class]
+        filled = sum(forward) + (m - 1) * max(forward)
+        return tuple(filled + sum(backward[s:]) + (m - 1) * max(backward[s:]) for s in range(p))
+    totals = [chunk_of[k].total_s for k in stage_class]
+    if totals[-1] < max(totals):
+        return None
+    pipeline = (m - 1) * totals[-1] + sum(totals)
+    return tuple(pipeline - sum(backward[:s]) for s in range(p))
 
 
 # (schedule, pp, micro-batches, chunks per stage, the price of every (stage, local chunk, kind) slot)

@@ -1401,8 +1401,11 @@ def _paths_deferred(program: Program) -> bool:
 
 
 def _needs_graph(program: Program | ProgramProfile) -> bool:
-    """Whether the analytic fidelity prices the program's longest paths per stage (``program_graph``)."""
-    return program.split_backward or program.chunks_per_stage > 1
+    """Whether the analytic fidelity prices the program's longest paths per stage (``program_graph``)
+    where stages differ: every program but GPipe's, whose closed form is exact
+    (``analytic.one_chunk_ends``; 1F1B's only where its last stage is the slowest)."""
+    schedule = program.schedule if isinstance(program, Program) else program.key[0]
+    return program.split_backward or program.chunks_per_stage > 1 or schedule != "gpipe"
 
 
 def program_profile(schedule: str, pp: int, num_microbatches: int, virtual_stages: int = 1) -> ProgramProfile:

@@ -217,6 +217,7 @@ def test_programs_executed_together_give_the_profiles_of_one_by_one() -> None:
         except InvalidPlanError:
             pass
     schedules._PROFILES.clear()
+    schedules._GRAPHS.clear()
     schedules._checked_program.cache_clear()
     schedules.prepare_program_profiles(keys)
     assert set(schedules._PROFILES) == set(alone)
@@ -233,7 +234,7 @@ def test_programs_executed_together_give_the_profiles_of_one_by_one() -> None:
             assert np.array_equal(getattr(graph, name), getattr(single, name)), (key, name)
         assert len(graph.levels) == len(single.levels)
         assert all(np.array_equal(a, b) for a, b in zip(graph.levels, single.levels)), key
-    assert {k for k in alone if k[0] not in ("1f1b", "gpipe")} <= set(schedules._GRAPHS)
+    assert {k for k in alone if k[0] != "gpipe"} <= set(schedules._GRAPHS)  # GPipe's closed form is exact
     with pytest.raises(InvalidPlanError, match="multiple of pp|divisible by pp"):
         program_profile("interleaved", 3, 4, 2)
 

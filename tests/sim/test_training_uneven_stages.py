@@ -46,3 +46,30 @@ def test_fidelities_agree_where_stages_differ(name: str) -> None:
     config, tolerance = PLANS[name]
     analytic, des = (simulate(config, RunOptions(fidelity=f)).metrics()["iteration_time_s"] for f in ("analytic", "des"))
     assert analytic == pytest.approx(des, rel=tolerance)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_one_chunk_closed_forms_are_the_longest_paths(schedule: str) -> None:
+    """``analytic.one_chunk_ends`` against the program graph's longest paths (``ProgramGraph``) on
+    random stages: GPipe always, 1F1B where the last stage is the slowest; elsewhere it defers."""
+    import numpy as np
+
+    from sim.training.analytic import ChunkTimes, one_chunk_ends
+    from sim.training.schedules import program_graph
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(300):
+        p, m = int(rng.integers(2, 9)), int(rng.integers(1, 17))
+        forward, backward = rng.uniform(0.5, 2.0, p), rng.uniform(0.5, 4.0, p)
+        chunk_of = [ChunkTimes(chunks=(), forward_s=f, backward_input_s=b / 2, backward_weight_s=b / 2, total_s=f + b,
+                               backward_s=b, send_bytes=0.0) for f, b in zip(forward, backward)]
+        ends = one_chunk_ends(chunk_of, range(p), schedule=schedule, num_microbatches=m, virtual_stages=1)
+        if schedule == "1f1b" and (forward + backward)[-1] < (forward + backward).max():
+            assert ends is None
+            continue
+        prices = np.array([[f, b / 2, b / 2, b][i] for f, b in zip(forward, backward) for i in range(4)])
+        _, finish = program_graph(schedule, p, m, 1).longest_paths(prices[:, None])
+        assert ends == pytest.approx(finish[:, 0].tolist(), rel=1e-12)
+        checked += 1
+    assert checked > 30
