@@ -38,7 +38,7 @@ class ParallelPlan:
     sequence_parallel: bool = False
     zero: int = 0  # 0 | 1 (distributed optimizer) | 2 | 3 (FSDP full shard)
     hsdp: bool = False  # with zero=3: shard over a group of the dp ranks, replicate across the groups
-    hsdp_shard: int = 0  # ranks of the dp x cp group one HSDP shard spans (0: those inside one node)
+    hsdp_shard: int = 0  # with hsdp: ranks of the dp x cp group one shard spans (0: those inside one node)
     schedule: str = "1f1b"
     virtual_stages: int = 1  # model chunks per GPU: "interleaved" / "bfs" any, V shapes 2, "hanayo" 2 per wave
     recompute: str = "none"  # of the layers not counted in ``recompute_layers``
@@ -106,7 +106,7 @@ class ParallelPlan:
             raise InvalidPlanError(f"parallel.cp_heads = {self.cp_heads} needs cp_comm = 'hybrid', not '{self.cp_comm}'")
         if self.hsdp and self.zero != 3:
             raise InvalidPlanError(f"parallel.hsdp = true needs zero = 3, not {self.zero}")
-        if self.hsdp_shard and (not self.hsdp or (self.dp * self.cp) % self.hsdp_shard):
+        if self.hsdp and self.hsdp_shard and (self.dp * self.cp) % self.hsdp_shard:
             raise InvalidPlanError(
                 f"parallel.hsdp = {self.hsdp_shard} (the shard group size) must divide dp * cp = {self.dp * self.cp}")
         if (self.dp * self.cp) % self.ep:

@@ -240,14 +240,14 @@ def pipeline_phase(
             seconds_of.append(2.0 * seconds)
         for boundary in profile.p2p_boundaries:
             p2p += seconds_of[boundary]
+    # when each stage's last op ends, where stages differ: a closed form where one is exact, else the
+    # program's longest paths (None on uniform stages: the program's paths in op counts)
     ends = one_chunk_ends(chunk_of, stage_class, schedule=schedule, num_microbatches=m, virtual_stages=v)
     request = None if ends else spans_request(chunk_of, stage_class, schedule=schedule, num_microbatches=m,
                                               virtual_stages=v)
-    spans = longest_paths(request) if request is not None else None  # stages that differ
-    if ends:
-        pipeline = max(ends) + p2p
-    else:
-        pipeline = (max(spans[1]) if spans else _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v)) + p2p
+    spans = longest_paths(request) if request is not None else None
+    ends = ends or (spans[1] if spans else None)
+    pipeline = (max(ends) if ends else _program_time(profile, chunk_of, stage_class, totals, slowest, m, p, v)) + p2p
     busy = tuple([m * t for t in totals])
     bubble = 1.0 - sum(busy) / (p * pipeline) if pipeline > 0 else 0.0
     critical = totals.index(max(totals))
@@ -275,10 +275,10 @@ def pipeline_phase(
         span = max(end - start for end, start in zip(finishes, starts))
         bubble = 1.0 - sum(busy) / (p * span) if span > 0 else 0.0
         return PipelinePhase(pipeline, bubble, busy, finishes, exposed, rounds, starts, alternates(schedule, p, m, v), profile)
-    # when each stage's last op ends: the longest paths on stages that differ, else the program's
-    # paths on uniform stages (exact: the drain of 1F1B, one chunk at a time under interleaving, the
-    # ends of a V or a split backward), and after the fill and drain transfers
-    finishes = ends or (spans[1] if spans else _stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v)))
+    # each stage's last op ends where ``ends`` says, or on uniform stages where the program's paths do
+    # (exact: the drain of 1F1B, one chunk at a time under interleaving, the ends of a V or a split
+    # backward); after the fill and drain transfers
+    finishes = ends or _stage_finishes(profile, totals, m, v, *_pass_prices(chunk_of, stage_class, v))
     return PipelinePhase(pipeline, bubble, busy, tuple(f + p2p for f in finishes), exposed, rounds, (),
                          alternates(schedule, p, m, v), profile)
 
