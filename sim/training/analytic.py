@@ -857,6 +857,7 @@ def finish_iteration(
     after_of = []
     aggregated = []  # per class: whether its ZeRO-3 stream is priced in aggregate (below, then bounded)
     shift = first_forward_shift_s(chunk_of, dp_of, stage_class, overlap_slowdown, phase.profile)
+    slowest = max(c.total_s for c in chunk_of)  # a micro-batch's F, B and W on the slowest stage
     for chunk, dp in zip(chunk_of, dp_of):
         aggregate = False
         if dp.gathers_s and not dp.gather_first_forward_only:
@@ -879,7 +880,10 @@ def finish_iteration(
                 stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
                 ends = dp.gather_first_s[0] + dp.last_bucket_s
                 stretch = overlap_stretch_s(compute, stream - ends, overlap_slowdown)
-                exposed_dp = ends + stretch + max(0.0, stream - compute - stretch)
+                # the slowest stage paces every micro-batch: a faster one waits for it each time while
+                # its stream goes on (a stage of a slower GPU, of more layers, of the LM head)
+                window = m * slowest
+                exposed_dp = ends + stretch + max(0.0, stream - window - stretch)
                 aggregate = phase.gather_rounds == m
         elif dp.grad_sync:
             exposed_dp = None  # per stage: its program's windows (below)
