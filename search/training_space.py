@@ -18,7 +18,8 @@ from functools import lru_cache
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from hardware.catalog import default_catalog
+from hardware.catalog import get_gpu
+from hardware.errors import CatalogError
 from sim.config import reject_unknown_keys, resolve_cluster, section
 from sim.errors import ConfigError
 from sim.training.config import TrainingSetup, parse_training, validate_plan
@@ -172,8 +173,10 @@ def _contexts(config: Mapping[str, Any], search: Mapping[str, Any], objective: s
     cluster = section(config, "cluster")
     gpus = _list(search, "gpus", str)
     for name in gpus or ():
-        if name not in default_catalog().gpus:
-            raise ConfigError(f"[search] gpus has unknown gpu '{name}'; known: {', '.join(sorted(default_catalog().gpus))}")
+        try:
+            get_gpu(name)
+        except CatalogError as exc:
+            raise ConfigError(f"[search] gpus: {exc}") from None
     gpus = gpus or (str(cluster.get("gpu")),)
     sizes = _list(search, "num_gpus", int)
     if sizes is None:

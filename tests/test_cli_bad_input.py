@@ -358,7 +358,7 @@ def test_a_kv_precision_the_gpu_lacks_is_an_error_when_given(capsys: pytest.Capt
 def test_search_names_its_own_section_for_an_unknown_gpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "search.toml"
     config.write_text(INLINE + '[search]\ngpus = ["h900"]\n')
-    assert "[search] gpus has unknown gpu 'h900'; known: a100-pcie-80gb" in error_of(capsys, "search", config)
+    assert "[search] gpus: unknown gpu 'h900'; known: a100-pcie-80gb" in error_of(capsys, "search", config)
 
 
 def test_sweep_json_gives_the_values_as_applied(capsys: pytest.CaptureFixture[str]) -> None:

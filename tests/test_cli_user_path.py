@@ -286,3 +286,37 @@ def test_fsdp_units_from_the_command_line(capsys: pytest.CaptureFixture[str]) ->
     for fidelity in ("analytic", "des"):
         assert seconds("layer", fidelity) < seconds("chunk", fidelity)
     assert seconds("layer", "analytic") == pytest.approx(seconds("layer", "des"), rel=0.01)
+
+
+def test_interface_md_s_hsdp_size_and_hyphenated_all_gather_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hsdp = N`` and ``cp_comm = "all-gather"`` as INTERFACE.md writes them, from the CLI: a shard
+    group of 16 ranks is not the in-node one (2 ranks at tp 4), 0 is no HSDP; the hyphen is the
+    underscore's exchange."""
+    config = _write(tmp_path, """
+[model]
+name = "llama3-70b"
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = 256
+[training]
+seq_len = 4096
+global_batch = 256
+[parallel]
+tp = 4
+zero = 3
+recompute = "full"
+""")
+
+    def seconds(*sets: str) -> float:
+        argv: list[Any] = ["simulate", config, "--fidelity", "analytic", "--format", "json"]
+        for assignment in sets:
+            argv += ["--set", assignment]
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        return json.loads(out)["iteration_time_s"]
+
+    off, node, sixteen = seconds("parallel.hsdp=0"), seconds("parallel.hsdp=true"), seconds("parallel.hsdp=16")
+    assert seconds("parallel.hsdp=false") == off and seconds("parallel.hsdp=2") == node
+    assert len({off, node, sixteen}) == 3
+    hyphen = seconds("parallel.cp=2", 'parallel.cp_comm="all-gather"')
+    assert hyphen == seconds("parallel.cp=2", 'parallel.cp_comm="all_gather"') != seconds("parallel.cp=2")

@@ -234,15 +234,15 @@ def _bool(table: Mapping[str, Any], key: str, where: str, default: bool) -> bool
     return value
 
 
-def _hsdp(parallel: Mapping[str, Any]) -> int:
-    """``[parallel] hsdp``: true (shard inside a node: -1 here), false or 0 (no HSDP), or the size of
-    the shard group (ranks of the dp x cp group; INTERFACE.md)."""
+def _hsdp(parallel: Mapping[str, Any]) -> tuple[bool, int]:
+    """``[parallel] hsdp`` as (hsdp, shard group size; 0: the ranks inside a node): true, false, 0 (no
+    HSDP) or the size of the shard group (ranks of the dp x cp group; INTERFACE.md)."""
     value = parallel.get("hsdp", False)
     if isinstance(value, bool):
-        return -1 if value else 0
+        return value, 0
     if not isinstance(value, int) or value < 0:
         raise ConfigError(f"[parallel] hsdp = {value!r} must be true, false or a shard group size (an integer >= 0)")
-    return value
+    return value > 0, value
 
 
 def _fraction(table: Mapping[str, Any], key: str, where: str) -> float:
@@ -384,7 +384,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
         raise ConfigError(f"[parallel] layers_per_stage = {layers!r} must be a list of integers")
     schedule, chunks = parse_schedule(parallel, base_dir)
-    hsdp = _hsdp(parallel)
+    hsdp, hsdp_shard = _hsdp(parallel)
     plan = ParallelPlan(
         recompute_layers=_recompute_layers(parallel, pp),
         tp=tp,
@@ -394,8 +394,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         ep=_int(parallel, "ep", "parallel", 1),
         sequence_parallel=_bool(parallel, "sequence_parallel", "parallel", False),
         zero=_int(parallel, "zero", "parallel", 0),
-        hsdp=hsdp != 0,
-        hsdp_shard=max(hsdp, 0),
+        hsdp=hsdp,
+        hsdp_shard=hsdp_shard,
         schedule=schedule,
         virtual_stages=chunks,
         recompute=str(parallel.get("recompute", "none")),
