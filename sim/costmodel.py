@@ -130,7 +130,9 @@ def _op_time_s(
             return 0.0
         return cost.attention_time_s(gpu, op.sequences, **_attention_kernel(op, precision))
     if op.kind == "memory":
-        return cost.memory_op_time_s(gpu, op.bytes_moved)
+        if op.kernels == 1:
+            return cost.memory_op_time_s(gpu, op.bytes_moved)
+        return op.kernels * cost.memory_op_time_s(gpu, op.bytes_moved / op.kernels)  # each kernel its share
     if op.kind == "collective":
         group = links.get(op.axis)
         if group is None or group.size <= 1:

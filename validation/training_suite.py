@@ -106,6 +106,8 @@ def row_config(row: dict[str, str]) -> dict[str, Any]:
         training_extra["grad_reduce_dtype"] = row["grad_reduce_dtype"]
     if row.get("optimizer_kernels"):  # the run's optimizer implementation where it differs from its stack's
         training_extra["optimizer_kernels"] = row["optimizer_kernels"]
+    if row.get("elementwise"):  # the run's norm kernel where its config names one (torchtitan norm_type)
+        training_extra["elementwise"] = row["elementwise"]
     return {
         "model": model,
         "cluster": {"gpu": row["gpu"], "node": row["node"], "network": row["network"], "num_gpus": int(row["num_gpus"])},

@@ -62,6 +62,10 @@ class Op:
     kernel_rate: float = 1.0  # attention: a further factor on the kernel's compute rate (dropout inside it)
     kernel: str = "flash"  # attention: the fused kernel family (hardware.cost.ATTENTION_KERNELS)
     split_accumulator: bool = False  # fp8 gemm: promotes partial sums to fp32 (no fast accumulation)
+    # memory op: the kernels it launches (an eager chain of ops, workloads.eager) and those of its
+    # backward (None: as many); each kernel pays a launch and, in eager stacks, a host dispatch
+    kernels: int = 1
+    backward_kernels: int | None = None
 
     @property
     def gemm_flops(self) -> float:
@@ -486,7 +490,11 @@ def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tupl
             b_ops.append(replace(op, name=f"{op.name}_backward", backward=True))
         elif op.kind == "memory":
             backward = 2 * op.bytes_moved if op.backward_bytes_moved is None else op.backward_bytes_moved
-            b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=backward, backward_bytes_moved=None))
+            kernels = op.kernels if op.backward_kernels is None else op.backward_kernels
+            if kernels == 0:  # nothing runs (an add's gradient passes through)
+                continue
+            b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=backward, backward_bytes_moved=None,
+                                 kernels=kernels, backward_kernels=None))
         else:
             message = op.message_bytes if op.backward_bytes_moved is None else op.backward_bytes_moved
             b_ops.append(replace(op, name=f"{op.name}_backward", collective=_CONJUGATE[op.collective],

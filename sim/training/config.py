@@ -26,7 +26,7 @@ TRAINING_KEYS = (
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
-    "param_gather_pacing",
+    "param_gather_pacing", "elementwise", "compile",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -149,6 +149,10 @@ class TrainingSetup:
     # on [s, b, h, d] tensors, TE 0.8 to 1.x: copies to and from [b, s, h, d]); see
     # sim.training.costs.flash_layout_ops
     attention_layout: str = "native"
+    # elementwise chains (norms, RoPE, gated activation, residual adds): "fused" (one kernel per
+    # chain: fused CUDA / Triton kernels, torch.compile) | "eager" (PyTorch eager: one ATen kernel
+    # per op) | "eager_fused_norm" (eager, the norms one fused kernel); see workloads.eager
+    elementwise: str = "fused"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
     # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
     # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
@@ -439,6 +443,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
         attention_layout=settings["attention_layout"],
+        elementwise=_elementwise(training, settings["elementwise"]),
         pipeline_p2p=settings["pipeline_p2p"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
@@ -454,6 +459,18 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         groups=stage_groups_for(group_clusters, overlap_slowdowns),
         stage_group=stage_group,
     )
+
+
+def _elementwise(training: Mapping[str, Any], setting: str) -> str:
+    """The elementwise setting under ``[training] compile``: torch.compile fuses each elementwise chain
+    between matmuls (Inductor), so a compiled run is "fused" unless the config asks otherwise."""
+    compiled = _bool(training, "compile", "training", False)
+    if not compiled:
+        return setting
+    if training.get("elementwise", "fused") != "fused":
+        raise ConfigError(f"[training] compile = true with elementwise = {training['elementwise']!r}; "
+                          "torch.compile fuses the elementwise chains: leave elementwise out or set it to 'fused'")
+    return "fused"
 
 
 def _edge_layers(value: float, model: ModelSpec) -> int:

@@ -23,6 +23,7 @@ from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, chain_host_bound, host_bound_pass_s
 from workloads.checkpointing import per_op_checkpoint
+from workloads.eager import eager_elementwise_ops, sdpa_layout_ops
 from workloads.plan import ParallelPlan
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.precision import bytes_per_element
@@ -195,6 +196,8 @@ def layer_passes(
     )
     if setup.attention_kernel in ("flash1", "flash2", "cudnn"):  # hardware.cost.ATTENTION_KERNELS
         forward = [replace(op, kernel=setup.attention_kernel) if op.kind == "attention" else op for op in forward]
+    if setup.elementwise != "fused":
+        forward = eager_elementwise_ops(forward, setup.model, fused_norm=setup.elementwise == "eager_fused_norm")
     if job.dropout > 0.0:
         forward = with_dropout(setup, forward)
     if setup.attention_kernel == "unfused":
@@ -203,6 +206,8 @@ def layer_passes(
         forward = qkv_split_ops(setup, forward)
         if setup.attention_layout == "flash_bshd":
             forward = flash_layout_ops(setup, forward)
+        elif setup.attention_layout == "torch_sdpa":
+            forward = sdpa_layout_ops(forward)
     if setup.linear_bias == "unfused":
         forward = unfused_bias_add_ops(setup, forward)
     if plan.recompute == "full" or full_recompute:
@@ -928,7 +933,7 @@ def _host_dispatch(
             total = comm.get(axis, 0.0)
             seconds = seconds * exposed.get(axis, 0.0) / total if total > 0.0 else 0.0
         gpu_s.append(seconds)
-    issue = [host_recompute_op_s if op.recompute else host_op_s for op in ops]
+    issue = [(host_recompute_op_s if op.recompute else host_op_s) * (op.kernels if op.kind == "memory" else 1) for op in ops]
     span = host_bound_pass_s(gpu_s, issue)
     return sum(issue), max(0.0, span - sum(gpu_s))
 

@@ -65,17 +65,21 @@ def test_stored_bytes_with_tensor_and_sequence_parallel() -> None:
 
 
 def test_recomputed_ops_and_flops() -> None:
-    """Backward re-runs the norms, RoPE, SwiGLU and the wk, wo, w3 matmuls: 2 T h (kv + h + f) FLOPs."""
+    """Backward re-runs the norms, RoPE, GQA's K and V repeat and the attention output's copy around
+    SDPA, SwiGLU and the wk, wo, w3 matmuls: 2 T h (kv + h + f) FLOPs."""
     config = _config(TINY_RUN)
     setup = parse_training(config)
     _, b_ops, _ = layer_passes(setup, False)
     rerun = [op for op in b_ops if op.recompute]
     assert [op.name for op in rerun] == ["recompute_" + n for n in (
-        "input_norm", "qkv_proj_wk", "rope", "out_proj", "residual_norm", "mlp_up_w3", "mlp_activation")]
+        "input_norm", "qkv_proj_wk", "rope", "repeat_kv", "attention_output_copy", "out_proj", "residual_norm",
+        "mlp_up_w3", "mlp_activation")]
     assert sum(op.gemm_flops for op in rerun) == 2 * T * H * (KV + H + F)
     assert not any(op.kind == "attention" for op in rerun)
     core = parse_training(_config(TINY_RUN, **{"training.selective_recompute": "attention_core"}))
-    assert [op.name for op in layer_passes(core, False)[1] if op.recompute] == ["recompute_attention"]
+    # the attention core: the kernel and the copy of its output that SDPA's caller makes
+    assert [op.name for op in layer_passes(core, False)[1] if op.recompute] == [
+        "recompute_attention", "recompute_attention_output_copy"]
 
 
 TINY_RUN = {  # FSDP over 8 GPUs of one node, the torchtitan stack
