@@ -321,11 +321,12 @@ def memory_comparisons() -> list[Comparison]:
 # squared-ReLU MLP, 256,000-token vocabulary), which had been left out: -10.2 / -8.5 % (analytic -10.2 / -9.1 %),
 # 33 counted rows 5.6 -> 5.8 %, signed -3.9 -> -4.3 % (analytic 5.8 -> 6.0 %), limit 5.8 -> 6.0 %; and A10's
 # Megatron-Bridge Llama 3.1 405B on 1,024 H100 (its recipe's 1 / 62 x 2 / 1 layers over 64 virtual chunks):
-# -3.4 % (analytic -4.4 %), 34 counted rows 5.8 %, signed -4.2 % (analytic 5.9 %). Every row must fit
-# (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.060, max_row_error=0.128),)
+# -3.4 % (analytic -4.4 %), 34 counted rows 5.8 %, signed -4.2 % (analytic 5.9 %); with torchtitan's eager
+# elementwise chains and torch SDPA's copies (workloads.eager): its seven counted rows -9.5..+2.8 -> -8.4..+2.8 %,
+# 5.3 / 12.8 %, signed -3.7 % (analytic 5.5 %), limit 6.0 -> 5.6 %. Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.056, max_row_error=0.128),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 3.6 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are -9.5..+2.8 % on the measured EFA bandwidth, and the 31 counted rows -3.9 %; with A9's two Nemotron rows, -10.2 / -8.5 %, and A10's Llama 3.1 405B, -3.4 %, the 34 counted rows -4.2 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
+    "rows of the 2023-25 stacks are predicted 3.6 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are -8.4..+2.8 % on the measured EFA bandwidth with their eager elementwise ops, and the 31 counted rows -3.4 %; with A9's two Nemotron rows, -10.2 / -8.5 %, and A10's Llama 3.1 405B, -3.4 %, the 34 counted rows -3.7 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
     "pytorch/ao#2377), priced on H100/H200 from the measured TensorRT-LLM fp8 GEMM tables less their activation "
     "quantization; llm-foundry's FA1-class Triton attention (FA1's measured fraction of FA2 at the head dim: 0.464 at 128) and per-op Composer AdamW; bf16 gradient buffers; data-parallel collectives holding one SM per NCCL channel of their group (32 inside an H100 node: FSDP on 8 H100); torch FSDP1's FlatParameter gradient copy and predivide, and the 16-bit reduction of Composer's DEFAULT mixed precision before v0.16.4; "
@@ -366,7 +367,7 @@ MISSING_MECHANISMS = (
     "node's NICs at the catalog's measured efficiency; 13.81 s here) did not run on the cluster as the row describes "
     "it (network_floor_exclusion; of the other rows only the Megatron-Core 32B comes within half of its floor, 0.49 of "
     "0.89 s). "
-    "Unpriced: torchtitan's fp32 complex RoPE and unfused RMSNorm of the 70B configs, each a few per cent of a layer. "
+    "torchtitan runs eagerly (compile = false in every A12 config): its RMSNorm, complex fp32 RoPE, SwiGLU and residual adds are ATen op chains, counted op by op on its Llama code (workloads.eager, benchmarks/eager_elementwise_bytes.py: RMSNorm 36 / 92 B per element in 8 / 16 kernels forward / backward where a fused norm moves 4 / 8, RoPE 20 / 20 B per Q or K element where fused moves 4 / 8, SwiGLU 10 / 18 B per FFN element where fused moves 6 / 12), each kernel with its launch and host dispatch (elementwise 'eager'; the 13B and 8B configs' norm_type 'fused_rmsnorm', torchtitan's Triton RMSNorm, keeps one norm kernel: 'eager_fused_norm'), and torch SDPA's layout copies (attention_layout 'torch_sdpa': Llama 3's K and V repeated from 8 to the query heads before the kernel, the output copied back to [b, s, h, d]): Llama 2 13B -9.5 / -7.6 / +2.8 -> -8.4 / -5.4 / +2.8 %, Llama 3 8B -7.6 / -5.8 -> -4.9 / -3.7 %, the 70B full-AC rows -4.4 / -4.2 -> +1.0 / +0.9 %; training-modern 5.8 -> 5.3 %, signed -4.2 -> -3.7 % (analytic 5.9 -> 5.5 %). The same count predicts A12's torch.compile speedup of Llama 3.1 8B FSDP on 8 / 128 H100 (Table 1 / 3: 1.157 / 1.162) at 1.163 / 1.165 on the catalog's 700 W 80 GB H100 (the rows' 500 W 96 GB HBM2e part, whose clock is not published, has no catalog entry, so their absolute steps are not in the suite). "
     "The MLPerf v3.0/v3.1 rows compare the logged train_step_timing (their logged throughput also counts "
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",
 )

@@ -13,7 +13,7 @@ module's natural tensor, forward and backward (autograd's ops for the output gra
 ========================  ===============  ================  ===================================
 module                    forward          backward          per element of
 ========================  ===============  ================  ===================================
-RMSNorm (eager)           36 B, 8 kernels  92 B, 16 kernels  the hidden state
+RMSNorm (eager)           36 B, 8 kernels  92 B, 16 kernels  the hidden state (6 B saved)
 RoPE, one of Q, K         20 B, 3 kernels  20 B, 4 kernels   Q (or K): heads x head dim columns
 SwiGLU ``silu(a) * b``    10 B, 2 kernels  18 B, 3 kernels   the FFN width
 residual add ``x + y``     6 B, 1 kernel    none             the hidden state
@@ -53,6 +53,10 @@ SWIGLU_FORWARD, SWIGLU_BACKWARD = (10.0, 2), (18.0, 3)
 RESIDUAL_FORWARD, RESIDUAL_BACKWARD = (6.0, 1), (0.0, 0)
 # A fused norm kernel (what ``layer_forward_ops`` prices per element at 16 bits): read and write
 FUSED_NORM_FORWARD, FUSED_NORM_BACKWARD = (4.0, 1), (8.0, 1)
+# what autograd keeps of an eager RMSNorm for its backward, per element: the fp32 input (pow and the
+# product with rsqrt save it) and the 16-bit normalised output (the weight product saves it); a fused
+# norm keeps its 16-bit input (and a per-row rstd)
+RMSNORM_SAVED_BYTES = 6.0
 
 ELEMENTWISE = ("fused", "eager", "eager_fused_norm")
 SDPA_LAYOUT_OPS = ("repeat_kv", "attention_output_copy")

@@ -137,6 +137,11 @@ class TrainingJob:
     # what ``parallel.recompute = "selective"`` means (the stack's selective_recompute): "attention_core"
     # | "per_op" (see SELECTIVE_RECOMPUTE)
     selective_recompute: str = "attention_core"
+    # how the stack runs a layer's elementwise chains and lays out its attention's operands (the stack
+    # settings ``elementwise`` and ``attention_layout``, workloads.eager): they decide what autograd
+    # saves (an eager RMSNorm keeps its fp32 input, torch SDPA the K and V repeated to the query heads)
+    elementwise: str = "fused"
+    attention_layout: str = "native"
 
     def __post_init__(self) -> None:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from sim.training.schedules import plan_occupancy
 from workloads.checkpointing import per_op_checkpoint
+from workloads.eager import RMSNORM_SAVED_BYTES
 from workloads.graph import Sharding, layer_forward_ops
 from workloads.model import ModelSpec
 from workloads.plan import ParallelPlan, TrainingJob
@@ -55,7 +56,9 @@ def layer_activation_parts(
 
     # replicated across TP unless sequence parallel (the "10" of Korthikanti's TP formula)
     norms = 1 if model.parallel_block else 2
-    replicated = norms * a * tokens * h  # inputs of the layer norms
+    # inputs of the layer norms; an eager RMSNorm keeps its fp32 input and its 16-bit output instead
+    eager_norm = job.elementwise == "eager" and model.norm == "rmsnorm"
+    replicated = norms * (RMSNORM_SAVED_BYTES if eager_norm else a) * tokens * h
     replicated += g * tokens * h  # QKV-projection input
     if not model.parallel_block:
         replicated += g * tokens * h  # fc1 / router input (parallel blocks share the QKV input)
@@ -75,6 +78,8 @@ def layer_activation_parts(
     else:
         q_width = model.heads * model.head_dim / t
         k_width = v_width = kv_heads_rank * model.head_dim
+        if job.attention_layout == "torch_sdpa":  # SDPA keeps K and V repeated to the query heads
+            k_width = v_width = max(k_width, q_width)
         out_width = q_width
     split = a * tokens * (q_width + k_width + v_width) + g * tokens * out_width  # Q, K, V; out-proj input
 

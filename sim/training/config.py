@@ -144,15 +144,6 @@ class TrainingSetup:
     # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
     # see sim.training.costs.qkv_split_ops
     qkv_split: str = "none"
-    # layout copies around the fused attention kernel: "native" (the kernel reads Q, K, V and writes
-    # its output in the framework's layout) | "flash_bshd" (Transformer Engine's flash-attn backend
-    # on [s, b, h, d] tensors, TE 0.8 to 1.x: copies to and from [b, s, h, d]); see
-    # sim.training.costs.flash_layout_ops
-    attention_layout: str = "native"
-    # elementwise chains (norms, RoPE, gated activation, residual adds): "fused" (one kernel per
-    # chain: fused CUDA / Triton kernels, torch.compile) | "eager" (PyTorch eager: one ATen kernel
-    # per op) | "eager_fused_norm" (eager, the norms one fused kernel); see workloads.eager
-    elementwise: str = "fused"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
     # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
     # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
@@ -204,6 +195,22 @@ class TrainingSetup:
         ``fp8_bf16_edge_layers`` first and last layers)."""
         edges = self.fp8_bf16_edge_layers
         return self.job.precision == "fp8" and edges > 0 and (layer < edges or layer >= self.model.layers - edges)
+
+    @property
+    def attention_layout(self) -> str:
+        """Layout copies around the fused attention kernel: "native" (the kernel reads Q, K, V and
+        writes its output in the framework's layout) | "flash_bshd" (Transformer Engine's flash-attn
+        backend on [s, b, h, d] tensors, TE 0.8 to 1.x: copies to and from [b, s, h, d]; see
+        sim.training.costs.flash_layout_ops) | "torch_sdpa" (PyTorch SDPA on transposed views: GQA's
+        repeated K and V, the output's copy; see workloads.eager.sdpa_layout_ops)."""
+        return self.job.attention_layout
+
+    @property
+    def elementwise(self) -> str:
+        """Elementwise chains (norms, RoPE, gated activation, residual adds): "fused" (one kernel per
+        chain: fused CUDA / Triton kernels, torch.compile) | "eager" (PyTorch eager: one ATen kernel
+        per op) | "eager_fused_norm" (eager, the norms one fused kernel); see workloads.eager."""
+        return self.job.elementwise
 
     @property
     def fused_attention(self) -> bool:
@@ -382,7 +389,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         warn(f"[training] fp8_params = true does not apply to precision '{precision}' (fp8 only); ignored")
     job = replace(job, precision=precision, grad_reduce_dtype=grad_reduce,
                   fp8_params=settings["fp8_params"] and precision == "fp8",
-                  selective_recompute=settings["selective_recompute"])
+                  selective_recompute=settings["selective_recompute"],
+                  elementwise=_elementwise(training, settings["elementwise"]), attention_layout=settings["attention_layout"])
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -442,8 +450,6 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         fsdp_unit=settings["fsdp_unit"],
         param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
-        attention_layout=settings["attention_layout"],
-        elementwise=_elementwise(training, settings["elementwise"]),
         pipeline_p2p=settings["pipeline_p2p"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],

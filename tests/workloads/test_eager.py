@@ -104,22 +104,26 @@ def test_a_kernel_chain_pays_a_launch_per_kernel() -> None:
     assert eight > one
 
 
-def _titan(**training):  # type: ignore[no-untyped-def]
-    return {"model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
-            "training": {"seq_len": 8192, "global_batch": 16, "micro_batch": 2, "framework": "torchtitan", **training},
+def _titan(num_gpus: int = 8, **training):  # type: ignore[no-untyped-def]
+    return {"model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": num_gpus},
+            "training": {"seq_len": 8192, "global_batch": 2 * num_gpus, "micro_batch": 2, "framework": "torchtitan",
+                         **training},
             "parallel": {"zero": 3, "recompute": "selective"}}
 
 
-def test_compile_speedup_of_torchtitan_llama3_8b_against_the_published_pair() -> None:
-    # published-training.md A12 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 1):
-    # Llama 3.1 8B, FSDP on 8 H100 (96 GB HBM2e, 500 W), local batch 2, per-op SAC: 5,762 tokens/s
-    # per GPU eager, 6,667 with torch.compile, 1.157x. The catalog's 80 GB H100 SXM stands in (the
-    # 500 W part has no catalog entry: its clock is not published); the pair's ratio is held to 10 %.
+@pytest.mark.parametrize(("num_gpus", "eager_tps", "compiled_tps"), [(8, 5762, 6667), (128, 5605, 6514)])
+def test_compile_speedup_of_torchtitan_llama3_8b_against_the_published_pair(num_gpus: int, eager_tps: int,
+                                                                              compiled_tps: int) -> None:
+    # published-training.md A12 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3):
+    # Llama 3.1 8B, FSDP on 8 and 128 H100 (96 GB HBM2e, 500 W), local batch 2, per-op SAC, tokens/s per
+    # GPU eager and with torch.compile (1.157x, 1.162x). The catalog's 80 GB H100 SXM stands in (the
+    # 500 W part has no catalog entry: its clock is not published); the pair's ratio is held to 3 %
+    # (predicted 1.163 and 1.165).
     def seconds(**training) -> float:  # type: ignore[no-untyped-def]
-        return simulate(_titan(**training), RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
+        return simulate(_titan(num_gpus, **training), RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
 
     eager_s, compiled_s = seconds(), seconds(compile=True)
-    assert eager_s / compiled_s == pytest.approx(6667 / 5762, rel=0.10)
+    assert eager_s / compiled_s == pytest.approx(compiled_tps / eager_tps, rel=0.03)
     # compile = true is elementwise = "fused"; eager with torchtitan's fused_rmsnorm lies between
     assert seconds(elementwise="fused") == compiled_s
     assert compiled_s < seconds(elementwise="eager_fused_norm") < eager_s
@@ -136,3 +140,20 @@ def test_compile_with_eager_elementwise_is_refused(tmp_path: Path, capsys: pytes
     path.write_text(path.read_text().replace('elementwise = "eager"', 'elementwise = "eagre"'))
     assert main(["simulate", str(path)]) == 2
     assert "allowed: fused, eager, eager_fused_norm" in capsys.readouterr().err
+
+
+def test_saved_activations_of_an_eager_norm_and_of_sdpa_repeated_kv() -> None:
+    from sim.training.activations import activation_bytes_per_layer
+    from workloads.plan import ParallelPlan, TrainingJob
+
+    plan = ParallelPlan(tp=1, pp=1, dp=8, recompute="none")
+    job = TrainingJob(seq_len=TOKENS, global_batch=8, micro_batch=1)
+
+    def stored(**settings) -> float:  # type: ignore[no-untyped-def]
+        return activation_bytes_per_layer(LLAMA, plan, replace(job, **settings), dropout=False)
+
+    # an eager RMSNorm keeps its fp32 input and 16-bit output (6 B) where a fused one keeps its input (2 B)
+    assert stored(elementwise="eager") - stored() == 2 * (6 - 2) * TOKENS * LLAMA.hidden
+    assert stored(elementwise="eager_fused_norm") == stored()
+    # SDPA keeps K and V repeated from 8 to 32 heads
+    assert stored(attention_layout="torch_sdpa") - stored() == 2 * 2 * TOKENS * (LLAMA.heads - LLAMA.kv_heads) * LLAMA.head_dim
