@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_format(search)
 
     validate = commands.add_parser("validate", help="compare predictions with the bundled published results")
-    validate.add_argument("--suite", choices=("training", "serving", "all", "training-modern", "serving-trtllm-0.14",
-                                              "serving-nanoflow"), default="all")
+    validate.add_argument("--suite", choices=("training", "serving", "all", "training-modern", "training-pairs",
+                                              "serving-trtllm-0.14", "serving-nanoflow"), default="all")
     validate.add_argument("--fidelity", choices=("analytic", "des"), default="des")
     validate.add_argument("-v", "--verbose", action="store_true", help="print each row's config (TOML for `llmsim simulate`)")
     _add_format(validate)

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 SUITES = ("training", "serving")
 # one suite of the reports "training" / "serving" give, alone (`llmsim validate --suite NAME`)
-SINGLE_SUITES = ("training-modern", "serving-trtllm-0.14", "serving-nanoflow")
+SINGLE_SUITES = ("training-modern", "training-pairs", "serving-trtllm-0.14", "serving-nanoflow")
 
 
 def _limit(fraction: float) -> str:
@@ -165,9 +165,10 @@ def run_suites(name: str, fidelity: str = "des", calibration: str | None = None)
     """Run ``name`` ("training", "serving", "all" or one of ``SINGLE_SUITES``); ``calibration`` as in
     ``with_calibration``."""
     if name in SINGLE_SUITES:
-        from validation import serving_suite, training_suite
+        from validation import pairs_suite, serving_suite, training_suite
 
         run = {"training-modern": lambda: training_suite.run_training_modern_suite(fidelity=fidelity, calibration=calibration),
+               "training-pairs": lambda: pairs_suite.run_training_pairs_suite(fidelity=fidelity, calibration=calibration),
                "serving-trtllm-0.14": lambda: serving_suite.run_serving_inflight_suite(calibration=calibration),
                "serving-nanoflow": lambda: serving_suite.run_serving_nanoflow_suite(calibration=calibration)}[name]
         return Report(suites=(run(),))
@@ -175,10 +176,12 @@ def run_suites(name: str, fidelity: str = "des", calibration: str | None = None)
     reports = []
     for suite in names:
         if suite == "training":
+            from validation.pairs_suite import run_training_pairs_suite
             from validation.training_suite import run_training_modern_suite, run_training_suite
 
             reports.append(run_training_suite(fidelity=fidelity, calibration=calibration))
             reports.append(run_training_modern_suite(fidelity=fidelity, calibration=calibration))
+            reports.append(run_training_pairs_suite(fidelity=fidelity, calibration=calibration))
         else:
             from validation.serving_suite import run_serving_inflight_suite, run_serving_nanoflow_suite, run_serving_suite
 

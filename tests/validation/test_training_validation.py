@@ -95,7 +95,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.060 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.056 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
     # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
@@ -104,8 +104,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert len(des.rows("iteration_time_s")) == 34
     assert 0.75 < des_errors["titan-llama2-70b-op-ac"] < 0.76
     # the seven other torchtitan rows: +5.3..+12.2 % (all slow on EFA) with one gather per chunk; FSDP2's
-    # per-block units (fsdp_unit "layer") expose only the first unit's gather: -9.5..+2.8 %
-    assert all(-0.096 < e < 0.029 for row, e in des_errors.items()
+    # per-block units (fsdp_unit "layer") expose only the first unit's gather: -9.5..+2.8 %; with their eager
+    # elementwise chains and torch SDPA's copies (workloads.eager): -8.4..+2.8 %
+    assert all(-0.085 < e < 0.029 for row, e in des_errors.items()
                if row.startswith("titan-") and row != "titan-llama2-70b-op-ac")
     assert modern.mape("iteration_time_s") <= 0.134
     errors = {c.row: c.error for c in modern.comparisons}
