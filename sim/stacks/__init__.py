@@ -54,6 +54,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "selective_recompute": ("training", ("attention_core", "per_op")),
         "dp_comm_overlap": ("parallel", bool),
         "tp_comm_overlap": ("parallel", bool),
+        "tp_overlap_method": ("parallel", ("userbuffers", "symmetric_memory")),
         "pipeline_p2p": ("parallel", ("overlapped", "blocking")),
     },
     "serving": {

@@ -44,6 +44,7 @@ PARALLEL_KEYS = (
     "recompute_layers",
     "layers_per_stage",
     "tp_comm_overlap",
+    "tp_overlap_method",
     "dp_comm_overlap",
     "pipeline_p2p",
     "offload",
@@ -144,6 +145,11 @@ class TrainingSetup:
     # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
     # see sim.training.costs.qkv_split_ops
     qkv_split: str = "none"
+    # how tp_comm_overlap runs: "userbuffers" (Transformer Engine's comm-GEMM overlap: ring-exchange
+    # all-gathers, pipelined and bulk reduce-scatters on SMs of their own) | "symmetric_memory"
+    # (PyTorch's micro-pipelined async TP: all-gather and reduce-scatter matmuls in tp chunks with
+    # copy-engine transfers, then a reduction kernel); see sim.training.costs._paired_tp_overlap
+    tp_overlap_method: str = "userbuffers"
     # pipeline sends: "overlapped" (on their own stream beside compute, Megatron-Core) | "blocking"
     # (Megatron-LM 2021-22: the stage waits for its exchange, and the receiver all-gathers a
     # scatter/gather slice over TP on its compute stream); see sim.training.costs.blocking_p2p_s
@@ -451,6 +457,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
         pipeline_p2p=settings["pipeline_p2p"],
+        tp_overlap_method=settings["tp_overlap_method"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
         fp8_cast_fusion=settings["fp8_cast_fusion"],

@@ -22,7 +22,7 @@ from sim.training.activations import layer_activation_parts, stored_activation_b
 from sim.training.memory import shard_degrees
 from sim.training.pricing_cache import PricingCache
 from sim.training.work import ChunkWork, chain_host_bound, host_bound_pass_s
-from workloads.checkpointing import per_op_checkpoint
+from workloads.checkpointing import per_op_checkpoint, torch_matmuls
 from workloads.eager import eager_elementwise_ops, sdpa_layout_ops
 from workloads.plan import ParallelPlan
 from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
@@ -771,9 +771,15 @@ def _paired_tp_overlap(
     GEMM (all-reduces, the embedding's and LM head's) stay exposed. The paired GEMM itself runs as
     the overlap runs it: a ring exchange's as tp GEMMs of m/tp rows, a pipeline's as
     TP_PIPELINE_SPLITS GEMMs of m/splits rows on the SMs the communication kernel leaves, a bulk
-    overlap's whole on those SMs. Returns (TP seconds hidden, extra GEMM seconds)."""
+    overlap's whole on those SMs. ``tp_overlap_method = "symmetric_memory"`` (PyTorch's async TP,
+    torch.ops.symm_mem): all-gathers as the ring exchange; every reduce-scatter, forward and backward,
+    behind the GEMM that produces it in tp chunks of m/tp rows with copy-engine transfers (the local
+    chunk last, so all tp-1 transfers can hide), then a reduction kernel of its own over the tp
+    partials; the sequence-parallel re-gathers are async all-gathers (``_async_regathers_hidden_s``).
+    Returns (TP seconds hidden, extra GEMM and reduction seconds)."""
     tp = setup.plan.tp
     gpu, precision = setup.cluster.gpu, setup.job.precision
+    symmetric = setup.tp_overlap_method == "symmetric_memory"
     hidden = extra = 0.0
     gemm_left: dict[int | tuple[str, int], float] = {}  # GEMM -> its time not yet used to hide traffic
     for index, op in enumerate(ops):
@@ -783,9 +789,13 @@ def _paired_tp_overlap(
             continue
         backward = op.name.endswith("_backward")
         if op.name.endswith(REGATHER_SUFFIX):
+            if symmetric:
+                continue  # an async all-gather beside the input-gradient GEMM (_async_regathers_hidden_s)
             step, splits, sm_margin = 1, 1, True  # bulk beside the input-gradient GEMM
         elif op.collective == "all_gather":
             step, splits, sm_margin = 1, tp, False  # ring exchange on the copy engines
+        elif symmetric:
+            step, splits, sm_margin = -1, tp, False  # the producing GEMM in tp chunks, copy-engine transfers
         else:
             step, splits, sm_margin = -1, (1 if backward else TP_PIPELINE_SPLITS), True  # bulk / pipeline
         j = index + step
@@ -798,7 +808,19 @@ def _paired_tp_overlap(
             continue
         gemm = ops[j]
         key: int | tuple[str, int] = j
-        if backward and op.collective == "reduce_scatter" and gemm.name.endswith("_dgrad"):
+        if symmetric and backward and op.collective == "reduce_scatter" and len(
+                torch_matmuls(replace(gemm, name=gemm.name.removesuffix("_dgrad")), setup.model, tp)) > 1:
+            # the input gradient of separate linears on one input (wq, wk, wv; w1, w3) is a sum of their
+            # matmuls, which Inductor's micro_pipeline_tp pass does not match (it fuses a reduce-scatter
+            # whose input is one matmul): an NCCL reduce-scatter, exposed
+            continue
+        if symmetric and op.collective == "reduce_scatter":
+            # fused_matmul_reduce_scatter sums the tp stacked partials of the GEMM's output in a kernel of
+            # its own after the last chunk: it reads the m x n output once and writes its 1/tp shard
+            reduction = Op(name=f"{op.name}_reduction", kind="memory",
+                           bytes_moved=gemm.bytes_per_element * gemm.m * gemm.n * gemm.batch * (1.0 + 1.0 / tp))
+            extra += costmodel.op_time_s(reduction, gpu, precision=precision, links=links)
+        elif backward and op.collective == "reduce_scatter" and gemm.name.endswith("_dgrad"):
             # TE's qkv_wgrad / fc1_wgrad bulk overlap: the input gradient's reduce-scatter runs beside
             # the weight-gradient GEMM of the same linear (dW = X^T dY: m, n, k = dgrad's n, k, m),
             # while the re-gather of its input (REGATHER_SUFFIX) runs beside the dgrad GEMM
@@ -811,9 +833,10 @@ def _paired_tp_overlap(
             gemm_left[key] = overlapped
             extra += overlapped - whole
         seconds = costmodel.op_time_s(op, gpu, precision=precision, links=links, collective_time=collective_time)
-        if op.collective == "all_gather" and splits > 1:
+        if (op.collective == "all_gather" or symmetric) and splits > 1:
             # split_overlap_ag: chunk i's GEMM (the local chunk first) runs while chunk i+1 arrives, so
-            # the tp-1 transfers hide behind the first tp-1 chunk GEMMs
+            # the tp-1 transfers hide behind the first tp-1 chunk GEMMs; symmetric memory's matmul-reduce-
+            # scatter sends chunk i's partial while chunk i+1's GEMM runs, the local chunk's GEMM last
             covered = min(seconds, gemm_left[key] * (splits - 1) / splits)
         elif splits > 1:
             # split_overlap_rs: chunk i's reduce-scatter runs beside chunk i+1's GEMM; the last is exposed
@@ -897,7 +920,8 @@ def price_pass(
     tp_paired = setup.plan.tp_comm_overlap and setup.plan.tp > 1 and "tp" in comm
     hidden_tp, overlapped_gemm_s = _paired_tp_overlap(setup, ops, links, collective_time) if tp_paired else (0.0, 0.0)
     compute += overlapped_gemm_s  # the paired GEMMs' chunks and SM margins (their slowdown while hiding TP)
-    regathered = _async_regathers_hidden_s(setup, ops, links, collective_time, paired=tp_paired)
+    regathered = _async_regathers_hidden_s(setup, ops, links, collective_time,
+                                           paired=tp_paired and setup.tp_overlap_method == "userbuffers")
     compute += regathered * slowdown  # NCCL's SMs while the async gathers run beside their GEMM
     for axis, seconds in comm.items():
         if axis == "tp" and tp_paired:

@@ -192,15 +192,16 @@ def test_expert_all_to_all_moves_the_sequence_parallel_shard() -> None:
 
 
 
-def _tp4_h100(*, overlap: bool, overlap_slowdown: float | None = None):  # type: ignore[no-untyped-def]
-    """GPT-3 1.7B on 4 H100 at TP 4 with sequence parallelism: its setup, its TP links and a bf16 op timer."""
+def _tp4_h100(*, overlap: bool, overlap_slowdown: float | None = None, method: str = "userbuffers",
+              model: str = "gpt3-1.7b"):  # type: ignore[no-untyped-def]
+    """``model`` on 4 H100 at TP 4 with sequence parallelism: its setup, its TP links and a bf16 op timer."""
     from workloads.graph import Op
 
-    parallel = {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": overlap}
+    parallel = {"tp": 4, "sequence_parallel": True, "tp_comm_overlap": overlap, "tp_overlap_method": method}
     if overlap_slowdown is not None:
         parallel["overlap_slowdown"] = overlap_slowdown
     setup = parse_training({
-        "model": {"name": "gpt3-1.7b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
+        "model": {"name": model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 4},
         "training": {"seq_len": 2048, "global_batch": 4}, "parallel": parallel,
     })
     links = group_links(setup, 0)
@@ -268,6 +269,28 @@ def test_tp_overlap_runs_its_gemms_as_transformer_engine_does() -> None:
     blocked = price_pass(plain, [down, rs], links)
     assert blocked.compute_s == pytest.approx(seconds(down), rel=1e-12)
     assert blocked.exposed_comm_s["tp"] == pytest.approx(seconds(rs), rel=1e-12)
+
+
+def test_symmetric_memory_async_tp_pays_a_reduction_and_leaves_summed_gradients_to_nccl() -> None:
+    # torch.ops.symm_mem.fused_matmul_reduce_scatter: the producing GEMM in tp chunks (copy-engine
+    # transfers, every SM), then torch.sum over the tp stacked partials (reads m x n, writes m x n / tp);
+    # Inductor fuses only a reduce-scatter of one matmul, so the input gradient of wq / wk / wv or
+    # w1 / w3 (a sum of matmuls) is reduce-scattered by NCCL, exposed
+    from sim.training.costs import price_pass
+    from workloads.graph import Op
+
+    setup, links, seconds = _tp4_h100(overlap=True, overlap_slowdown=1.25, method="symmetric_memory", model="llama3-8b")
+    rs = Op(name="mlp_reduce_scatter", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
+    down = Op(name="mlp_down", kind="gemm", m=8192, n=4096, k=3584)
+    reduction = Op(name="sum", kind="memory", bytes_moved=2.0 * 8192 * 4096 * (1 + 1 / 4))
+    cost = price_pass(setup, [down, rs], links)
+    assert cost.compute_s == pytest.approx(4 * seconds(replace(down, m=2048)) + seconds(reduction), rel=1e-12)
+    assert cost.exposed_comm_s["tp"] == 0.0
+    summed = Op(name="mlp_all_gather_backward", kind="collective", collective="reduce_scatter", axis="tp", message_bytes=8e6)
+    dgrad = Op(name="mlp_up_dgrad", kind="gemm", m=8192, n=4096, k=7168)
+    backward = price_pass(setup, [dgrad, summed], links)
+    assert backward.exposed_comm_s["tp"] == pytest.approx(seconds(summed), rel=1e-12)
+    assert backward.compute_s == pytest.approx(seconds(dgrad), rel=1e-12)
 
 
 def test_sequence_parallel_regather_hides_behind_its_input_gradient_gemm() -> None:
