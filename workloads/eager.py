@@ -58,9 +58,6 @@ FUSED_NORM_FORWARD, FUSED_NORM_BACKWARD = (4.0, 1), (8.0, 1)
 # norm keeps its 16-bit input (and a per-row rstd)
 RMSNORM_SAVED_BYTES = 6.0
 
-ELEMENTWISE = ("fused", "eager", "eager_fused_norm")
-SDPA_LAYOUT_OPS = ("repeat_kv", "attention_output_copy")
-
 
 def eager_elementwise_ops(forward: Sequence[Op], model: ModelSpec, *, fused_norm: bool) -> list[Op]:
     """``forward`` with its norms, RoPE, gated activation and residual adds run as PyTorch eager ops
