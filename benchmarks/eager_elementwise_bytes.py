@@ -14,7 +14,8 @@ in bf16 activations as FSDP2's MixedPrecisionPolicy(param_dtype=bf16) gives them
 - ``repeat_kv``: GQA's ``x[:, :, :, None].expand(...).reshape(...)`` of K and V (a copy when
   heads > kv_heads);
 - ``attention_output``: ``sdpa(...).transpose(1, 2).contiguous()``;
-- ``residual``: ``x + branch``.
+- ``residual``: ``x + branch(x)``, less the branch's own kernels: the add, and in backward the
+  accumulation of the skip path's gradient with the branch's.
 
 A kernel is an ATen op that is not a view and reads or writes a tensor; its bytes are the bytes of
 every tensor it reads plus every tensor it writes (a broadcast operand read once). Forward and
@@ -115,8 +116,14 @@ def _attention_output(o: torch.Tensor) -> torch.Tensor:
     return o.transpose(1, 2).contiguous()
 
 
-def _residual(x: torch.Tensor, branch: torch.Tensor) -> torch.Tensor:
-    return x + branch
+def _branch(x: torch.Tensor) -> torch.Tensor:
+    return torch.neg(x)  # any one-kernel branch: its own kernels are subtracted (counts)
+
+
+def _residual(x: torch.Tensor) -> torch.Tensor:
+    """A residual connection ``x + branch(x)``: the add, and in backward the sum of the gradients of
+    the skip path and of the branch, which autograd accumulates for ``x``."""
+    return x + _branch(x)
 
 
 def counts() -> dict[str, dict[str, float]]:
@@ -131,11 +138,13 @@ def counts() -> dict[str, dict[str, float]]:
         "repeat_kv": (_repeat_kv, (torch.randn(1, TOKENS, KV_HEADS, HEAD_DIM, dtype=BF16),), TOKENS * HEADS * HEAD_DIM),
         "attention_output": (_attention_output, (torch.randn(1, HEADS, TOKENS, HEAD_DIM, dtype=BF16),),
                              TOKENS * HEADS * HEAD_DIM),
-        "residual": (_residual, (hidden, torch.randn_like(hidden)), TOKENS * HIDDEN),
+        "residual": (_residual, (hidden,), TOKENS * HIDDEN),
     }
     out = {}
     for name, (fn, inputs, elements) in cases.items():
         counted = _count(fn, *inputs)
+        if fn is _residual:  # the connection alone: less the branch's own kernels
+            counted = {k: v - _count(_branch, *inputs)[k] for k, v in counted.items()}
         out[name] = {k: (v / elements if "bytes" in k else v) for k, v in counted.items()}
     return out
 

@@ -16,9 +16,9 @@ module                    forward          backward          per element of
 RMSNorm (eager)           36 B, 8 kernels  92 B, 16 kernels  the hidden state (6 B saved)
 RoPE, one of Q, K         20 B, 3 kernels  20 B, 4 kernels   Q (or K): heads x head dim columns
 SwiGLU ``silu(a) * b``    10 B, 2 kernels  18 B, 3 kernels   the FFN width
-residual add ``x + y``     6 B, 1 kernel    none             the hidden state
+residual ``x + f(x)``     6 B, 1 kernel    6 B, 1 kernel     the hidden state
 GQA ``repeat_kv``         2 + 2/r B, 1     2 + 2/r B, 1      the repeated K (or V); r = heads / kv_heads
-attention output copy      4 B, 1 kernel    none             the attention output
+attention output copy     4 B, 1 kernel    none              the attention output
 ========================  ===============  ================  ===================================
 
 RMSNorm eager is ``x.float()`` (2 + 4 B), ``pow(2)`` (4 + 4), ``mean(-1)`` (4), ``+ eps`` and
@@ -28,8 +28,9 @@ multiplies the gradient: 28 B). A fused norm (one kernel: Transformer Engine, Ap
 ``fused_rmsnorm`` Triton kernel, or torch.compile) reads the input and writes the output, 4 B, as
 ``layer_forward_ops`` prices it. RoPE is ``view_as_complex(x.float())`` (2 + 4 B), the complex
 product with ``freqs_cis`` (4 + 4; the table is per token, shared by the heads) and ``type_as``
-(4 + 2). torch's eager LayerNorm and GeLU are one ATen kernel each (``native_layer_norm``,
-``gelu``), as fused.
+(4 + 2). A residual connection adds in forward and, in backward, sums the gradient of the skip path
+with the branch's (autograd accumulates the two for the input used twice). torch's eager LayerNorm
+and GeLU are one ATen kernel each (``native_layer_norm``, ``gelu``), as fused.
 
 torch's SDPA takes [b, heads, s, d]; torchtitan transposes its [b, s, heads, d] views in and copies the
 output back (``output.transpose(1, 2).contiguous()``), and repeats K and V to the query heads
@@ -50,7 +51,7 @@ from workloads.model import ModelSpec
 RMSNORM_FORWARD, RMSNORM_BACKWARD = (36.0, 8), (92.0, 16)
 ROPE_FORWARD, ROPE_BACKWARD = (20.0, 3), (20.0, 4)  # per tensor rotated (Q and K: twice the kernels)
 SWIGLU_FORWARD, SWIGLU_BACKWARD = (10.0, 2), (18.0, 3)
-RESIDUAL_FORWARD, RESIDUAL_BACKWARD = (6.0, 1), (0.0, 0)
+RESIDUAL_FORWARD, RESIDUAL_BACKWARD = (6.0, 1), (6.0, 1)
 # A fused norm kernel (what ``layer_forward_ops`` prices per element at 16 bits): read and write
 FUSED_NORM_FORWARD, FUSED_NORM_BACKWARD = (4.0, 1), (8.0, 1)
 # what autograd keeps of an eager RMSNorm for its backward, per element: the fp32 input (pow and the
