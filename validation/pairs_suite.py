@@ -25,19 +25,21 @@ PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.051, max_row_error=0.1
 PAIR_NOTES = (
     "speedup = step of the base run / step of the changed run, both through `llmsim simulate`; the published "
     "ratio from the same table's two numbers. torch.compile on torchtitan (its eager RMSNorm, RoPE and SwiGLU "
-    "chains fused, workloads.eager): 1.169 / 1.170 against 1.157 / 1.162 (+1.0 / +0.7 %). fp8 (bf16 -> fp8 on the same plan): "
-    "Transformer Engine's 405B on 2,304 H100 1.478 against 1.534 (-3.6 %; its plan is assumed), torchao float8 tensorwise on the "
-    "torchtitan 70B TP 8 runs 1.250 / 1.242 against 1.356 / 1.445 (-7.8 / -14.0 %): the fp8 gain is predicted "
-    "low on torchtitan; a candidate: under torch.compile Inductor may fuse each linear's amax and cast into the "
+    "chains fused, workloads.eager): 1.169 / 1.170 against 1.157 / 1.162 (+1.0 / +0.7 %). fp8 (bf16 -> fp8 on "
+    "the same plan): Transformer Engine's 405B on 2,304 H100 1.478 against 1.534 (-3.6 %; its plan is assumed), "
+    "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.250 / 1.242 against 1.356 / 1.445 (-7.8 / "
+    "-14.0 %): the fp8 gain is predicted low on torchtitan; a candidate: under torch.compile Inductor may fuse each linear's amax and cast into the "
     "kernel producing its input, which the torchtitan profile prices as passes of their own (fp8_recipe current, "
     "fp8_cast_fusion none); not modelled. Async TP (tp_overlap_method symmetric_memory: torch's micro-pipelined "
     "all-gather / reduce-scatter matmuls in tp chunks with copy-engine transfers, a reduction kernel after each "
     "matmul-reduce-scatter, and the input-gradient reduce-scatters of torchtitan's separate wq / wk / wv and w1 / w3 "
     "left to NCCL because Inductor fuses only a reduce-scatter of one matmul): 1.171 / 1.164 / 1.162 against "
     "1.092 / 1.164 / 1.099 (+7.2 / -0.0 / +5.8 %; priced as Transformer Engine's userbuffer overlap they had read "
-    "1.178 / 1.190 / 1.209, +7.8 / +2.3 / +10.1 %). The compile pairs hold the eager / fused pricing to 1 %. Not in the table: A12's Float8 runs under per-op selective checkpointing "
-    "(torchao float8's saved tensors under per-op checkpointing are not modelled: refused), and the 405B "
-    "1F1B / interleaved pair (its virtual-stage count is not published)",
+    "1.178 / 1.190 / 1.209, +7.8 / +2.3 / +10.1 %). The compile pairs hold the eager / fused pricing to 1 %. "
+    "Not in the table: A12's Float8 runs under per-op selective checkpointing (torchao float8's saved tensors "
+    "under per-op checkpointing are not modelled: refused), the 405B 1F1B / interleaved pair (its virtual-stage "
+    "count is not published), and Table 2's context-parallel runs (the sequence grows with cp, so attention, "
+    "compute-bound at the unknown 500 W clock, dominates one side of each pair and not the other)",
 )
 
 
