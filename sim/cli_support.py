@@ -15,6 +15,7 @@ from sim import notices
 from sim.config_keys import PUBLISHED_KEYS, PUBLISHED_METRICS, SERVING_SECTIONS, TRAINING_SECTIONS
 from sim.errors import ConfigError
 from sim.jsonout import dumps
+from sim.stacks import SETTINGS, resolve_settings
 
 
 def config_kind(config: Mapping[str, Any]) -> str:
@@ -114,12 +115,25 @@ def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None) ->
         parallel = resolved.setdefault("parallel", {})
         for f in dataclasses.fields(setup.plan):
             parallel[f.name] = _plain(getattr(setup.plan, f.name))
-        parallel.update(dp_comm_overlap=setup.dp_comm_overlap, expert_load_imbalance=setup.expert_load_imbalance,
-                        overlap_slowdown=setup.overlap_slowdown)
+        # the plan's fields in their config forms: no recomputed layers 0; hsdp false, true (shard inside a
+        # node) or the shard group's size
+        parallel["recompute_layers"] = parallel["recompute_layers"] or 0
+        shard = parallel.pop("hsdp_shard")
+        parallel["hsdp"] = (shard or True) if setup.plan.hsdp else False
+        parallel.update(dp_comm_overlap=setup.dp_comm_overlap, expert_load_imbalance=setup.expert_load_imbalance)
+        # overlap_slowdown only as given: set, it also fixes the data-parallel stream's slowdown, which is
+        # otherwise each group's own (its NCCL channels), so the default would not rerun the same
+        if "overlap_slowdown" in config.get("parallel", {}):
+            parallel["overlap_slowdown"] = setup.overlap_slowdown
+        # the software stack's settings as the run took them (its profile, under the config's own values)
+        training.setdefault("framework", setup.framework)
+        training.setdefault("elementwise", setup.elementwise)  # (compile = true makes it "fused")
+        training.setdefault("fp8_params", setup.job.fp8_params)  # (fp8 runs only)
+        _, settings = resolve_settings("training", config)
+        for key, (section, _) in SETTINGS["training"].items():
+            (training if section == "training" else parallel).setdefault(key, settings[key])
         if setup.groups:
             parallel["stage_groups"] = list(setup.stage_group)
-            if "overlap_slowdown" not in config.get("parallel", {}):
-                del parallel["overlap_slowdown"]  # each group's GPU has its own default
         return resolved
     system = getattr(result, "system", None)
     if system is None:

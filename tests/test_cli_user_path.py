@@ -320,3 +320,35 @@ recompute = "full"
     assert len({off, node, sixteen}) == 3
     hyphen = seconds("parallel.cp=2", 'parallel.cp_comm="all-gather"')
     assert hyphen == seconds("parallel.cp=2", 'parallel.cp_comm="all_gather"') != seconds("parallel.cp=2")
+
+
+@pytest.mark.parametrize(("name", "overrides"), [
+    ("train-llama3-8b-fsdp", []),
+    ("train-llama3-8b-fsdp", ['training.framework="torchtitan"', "training.compile=true", "parallel.hsdp=4"]),
+    ("train-llama3-8b-fsdp", ['training.framework="megatron-2021"', "parallel.hsdp=true"]),
+    ("train-fp8-h100", []),
+    ("train-hetero-a100-h100", []),
+    ("train-hybrid-cp", []),
+])
+def test_the_resolved_config_reruns_to_the_same_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          name: str, overrides: list[str]) -> None:
+    # run.json's config is the config as run (every default, the stack's settings included): fed back to
+    # `llmsim simulate`, it gives the same iteration
+    from sim.toml_writer import dumps
+
+    example = Path(__file__).parent.parent / "examples" / f"{name}.toml"
+    sets = [arg for o in overrides for arg in ("--set", o)]
+    code, _, _ = run(capsys, "simulate", example, "--fidelity", "analytic", "--out", tmp_path / "o", *sets)
+    first = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert code == 0
+    rerun = tmp_path / "rerun.toml"
+    rerun.write_text(dumps(first["config"]))
+    code, _, err = run(capsys, "simulate", rerun, "--fidelity", "analytic", "--out", tmp_path / "again")
+    assert code == 0, err
+    again = json.loads((tmp_path / "again" / "run.json").read_text())
+    assert again["config"] == first["config"]
+
+    def seconds(folder: str) -> float:
+        return json.loads((tmp_path / folder / "metrics.json").read_text())["iteration_time_s"]
+
+    assert seconds("again") == seconds("o")
