@@ -144,7 +144,8 @@ def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None) ->
                    node=system.cluster.node.name, network=system.cluster.network.name)
     serving = resolved.setdefault("serving", {})
     renamed = {"swap_space_bytes": ("swap_space_GiB", 2**30), "step_overhead_s": ("step_overhead_us", 1e-6),
-               "request_overhead_s": ("request_overhead_us", 1e-6)}
+               "request_overhead_s": ("request_overhead_us", 1e-6), "runtime_reserve_bytes": ("runtime_reserve_MiB", 2**20),
+               "api_server_token_overhead_s": ("api_server_token_overhead_us", 1e-6)}
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
         if f.name in renamed:
