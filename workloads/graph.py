@@ -491,7 +491,7 @@ def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tupl
         elif op.kind == "memory":
             backward = 2 * op.bytes_moved if op.backward_bytes_moved is None else op.backward_bytes_moved
             kernels = op.kernels if op.backward_kernels is None else op.backward_kernels
-            if kernels == 0:  # nothing runs (an add's gradient passes through)
+            if kernels == 0:  # nothing runs (a copy whose gradient is a view of the output gradient)
                 continue
             b_ops.append(replace(op, name=f"{op.name}_backward", bytes_moved=backward, backward_bytes_moved=None,
                                  kernels=kernels, backward_kernels=None))
