@@ -25,7 +25,7 @@ PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.051, max_row_error=0.1
 PAIR_NOTES = (
     "speedup = step of the base run / step of the changed run, both through `llmsim simulate`; the published "
     "ratio from the same table's two numbers. torch.compile on torchtitan (its eager RMSNorm, RoPE and SwiGLU "
-    "chains fused, workloads.eager): 1.169 / 1.170 against 1.157 / 1.162 (+1.0 / +0.7 %). fp8 (bf16 -> fp8 on "
+    "chains fused, workloads.eager): 1.170 / 1.172 against 1.157 / 1.162 (+1.1 / +0.8 %). fp8 (bf16 -> fp8 on "
     "the same plan): Transformer Engine's 405B on 2,304 H100 1.478 against 1.534 (-3.6 %; its plan is assumed), "
     "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.250 / 1.242 against 1.356 / 1.445 (-7.8 / "
     "-14.0 %): the fp8 gain is predicted low on torchtitan; a candidate: under torch.compile Inductor may fuse each linear's amax and cast into the "

@@ -418,11 +418,27 @@ CROSS_ENTROPY_NATIVE_BACKWARD_BYTES = 4.0 + 4.0 + 2.0
 # per-token loss).
 CROSS_ENTROPY_TE_FORWARD_BYTES = 2.0 + 2.0 + 2.0
 CROSS_ENTROPY_TE_BACKWARD_BYTES = 2.0 + 2.0
+# PyTorch's torch.nn.functional.cross_entropy on fp32 logits (torchtitan's cross_entropy_loss on
+# pred.float(); Composer / llm-foundry's CrossEntropyLoss under bf16 autocast, which runs it in fp32),
+# ATen op by ATen op (the counter of benchmarks/eager_elementwise_bytes.py): the fp32 cast (read 2,
+# write 4), _log_softmax (4 + 4), nll_loss_forward (a gather of one logit per token): 14 bytes;
+# backward nll_loss_backward (a zero-filled gradient, 4, and one target per token),
+# _log_softmax_backward_data (reads the gradient and the saved output, writes: 4 + 4 + 4) and the cast
+# back to 16 bits (4 + 2): 22 bytes.
+CROSS_ENTROPY_TORCH_FORWARD_BYTES = 6.0 + 8.0
+CROSS_ENTROPY_TORCH_BACKWARD_BYTES = 4.0 + 12.0 + 6.0
+# The same on the 16-bit logits themselves (torchtitan before its pred.float(), e.g. train.py at
+# 6aafe3cdf / f38766edb, April 2024): _log_softmax in their dtype (2 + 2), then backward the zero-filled
+# gradient (2) and _log_softmax_backward_data (2 + 2 + 2).
+CROSS_ENTROPY_TORCH_16BIT_FORWARD_BYTES = 2.0 + 2.0
+CROSS_ENTROPY_TORCH_16BIT_BACKWARD_BYTES = 2.0 + 6.0
 # bytes per local logit (forward, backward) by implementation
 CROSS_ENTROPY_BYTES = {
     "unfused": (CROSS_ENTROPY_FORWARD_BYTES, CROSS_ENTROPY_BACKWARD_BYTES),
     "native": (CROSS_ENTROPY_NATIVE_FORWARD_BYTES, CROSS_ENTROPY_NATIVE_BACKWARD_BYTES),
     "te": (CROSS_ENTROPY_TE_FORWARD_BYTES, CROSS_ENTROPY_TE_BACKWARD_BYTES),
+    "torch": (CROSS_ENTROPY_TORCH_FORWARD_BYTES, CROSS_ENTROPY_TORCH_BACKWARD_BYTES),
+    "torch_16bit": (CROSS_ENTROPY_TORCH_16BIT_FORWARD_BYTES, CROSS_ENTROPY_TORCH_16BIT_BACKWARD_BYTES),
 }
 
 

@@ -95,7 +95,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.056 and MODERN_THRESHOLDS[0].max_row_error <= 0.128
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.057 and MODERN_THRESHOLDS[0].max_row_error <= 0.13
     # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
@@ -141,8 +141,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.04
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
-    # per-block FSDP units (its whole-model first gather is no longer exposed)
-    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.128
+    # per-block FSDP units (its whole-model first gather is no longer exposed); -12.9 % with torch's own
+    # cross-entropy kernels (cross_entropy "torch": 36 bytes per logit, not Megatron's unfused 52)
+    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.13
     # llm-foundry's MP Mode column: PURE (16-bit reduction) on the older A100 rows; DEFAULT elsewhere, which
     # Composer up to v0.16.3 (before its 2023-10-10 patch) also reduced in 16 bits: the profile's rule
     from sim.training.config import parse_training
