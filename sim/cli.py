@@ -177,12 +177,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             print(sweep.sweep_table(frame))
         if out_dir is not None:
             sweep.write_sweep(out_dir, key, frame, results[0][1].sweep_metrics(), reference_lines(results[0][1]))
-            first = resolved_config(config, results[0][1], getattr(results[0][1], "seed", args.seed))
+            first = resolved_config(config, results[0][1], getattr(results[0][1], "seed", args.seed), options.config_dir)
             _write_run_json(out_dir, first, getattr(results[0][1], "seed", args.seed), args.fidelity)
         return 0
     result = simulate(config, options)
     seed = getattr(result, "seed", args.seed)
-    resolved = resolved_config(config, result, seed)
+    resolved = resolved_config(config, result, seed, options.config_dir)
     comparison = published_comparison(config, result)
     if args.verbose:
         verbose_report(result, resolved)

@@ -93,9 +93,18 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None) -> dict[str, Any]:
-    """The config as run: every default filled in, ``dp = "auto"`` and the serving replicas resolved."""
+def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None, config_dir: Path | None = None) -> dict[str, Any]:
+    """The config as run: every default filled in, ``dp = "auto"`` and the serving replicas resolved,
+    and the files it names (a ``file:`` schedule, a request trace) resolved against ``config_dir``, the
+    config file's folder, so that it reruns from anywhere."""
     resolved = json.loads(dumps(config, default=str))
+    if config_dir is not None:
+        parallel, workload = resolved.get("parallel"), resolved.get("workload")
+        schedule = parallel.get("schedule") if isinstance(parallel, dict) else None
+        if isinstance(schedule, str) and schedule.startswith("file:"):
+            parallel["schedule"] = "file:" + str(config_dir / schedule.removeprefix("file:"))
+        if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
+            workload["trace"] = str(config_dir / workload["trace"])
     setup = getattr(result, "setup", None)
     if setup is not None:
         cluster = resolved.setdefault("cluster", {})

@@ -329,13 +329,16 @@ recompute = "full"
     ("train-fp8-h100", []),
     ("train-hetero-a100-h100", []),
     ("train-hybrid-cp", []),
+    ("train-schedule-file", []),
     ("llama3-70b-h100-serving", []),
     ("serve-disaggregated-h100", []),
+    ("serve-azure-conv-trace-a100", []),
 ])
 def test_the_resolved_config_reruns_to_the_same_prediction(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           name: str, overrides: list[str]) -> None:
-    # run.json's config is the config as run (every default, the stack's settings included): fed back to
-    # `llmsim simulate`, it gives the same metrics
+    # run.json's config is the config as run (every default, the stack's settings included, the files it
+    # names resolved against the config's folder): fed back to `llmsim simulate` from elsewhere, it gives
+    # the same metrics
     from sim.toml_writer import dumps
 
     example = Path(__file__).parent.parent / "examples" / f"{name}.toml"
