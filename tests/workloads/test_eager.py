@@ -160,3 +160,24 @@ def test_saved_activations_of_an_eager_norm_and_of_sdpa_repeated_kv() -> None:
     assert stored(elementwise="eager_fused_norm") == stored()
     # SDPA keeps K and V repeated from 8 to 32 heads
     assert stored(attention_layout="torch_sdpa") - stored() == 2 * 2 * TOKENS * (LLAMA.heads - LLAMA.kv_heads) * LLAMA.head_dim
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "gpt3-1.7b", "mixtral-8x7b"])
+@pytest.mark.parametrize("parallel", [{"zero": 3, "recompute": "none"},
+                                      {"tp": 2, "pp": 2, "sequence_parallel": True, "zero": 1, "recompute": "full"}])
+def test_eager_chains_are_never_faster_than_fused_ones(model: str, parallel: dict) -> None:  # type: ignore[type-arg]
+    # more bytes and more kernels, never less time, in both fidelities; a LayerNorm model with a non-gated
+    # MLP (GPT-3) only pays the split of its residual adds from its norms
+    def seconds(elementwise: str, fidelity: str) -> float:
+        config = {"model": {"name": model}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+                  "training": {"seq_len": 2048, "global_batch": 16, "framework": "torchtitan", "elementwise": elementwise},
+                  "parallel": parallel}
+        return simulate(config, RunOptions(fidelity=fidelity)).metrics()["iteration_time_s"]
+
+    for fidelity in ("analytic", "des"):
+        fused, fused_norm, eager_s = (seconds(e, fidelity) for e in ("fused", "eager_fused_norm", "eager"))
+        assert fused <= fused_norm * (1 + 1e-12) and fused_norm <= eager_s * (1 + 1e-12)
+        if get_model(model).norm != "rmsnorm":  # eager LayerNorm is one kernel, as fused
+            assert eager_s == pytest.approx(fused_norm, rel=1e-12)
+        if model == "llama3-8b":  # RMSNorm, RoPE and SwiGLU eager: a few per cent of the step
+            assert eager_s > 1.03 * fused
