@@ -42,6 +42,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_recipe": ("training", ("delayed", "current")),
         "fp8_backward_accumulation": ("training", ("split", "fast")),
         "fp8_params": ("training", bool),
+        "fp8_all_gather": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
         "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none")),
         "fp8_scale_update": ("training", ("per_module", "fused")),

@@ -26,7 +26,7 @@ TRAINING_KEYS = (
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
-    "param_gather_pacing", "elementwise", "compile",
+    "param_gather_pacing", "elementwise", "compile", "fp8_all_gather",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -169,6 +169,9 @@ class TrainingSetup:
     # activation is Megatron's own kernel and TERowParallelLinear casts its input), "none" (every
     # cast a kernel of its own); see sim.training.costs.fp8_passes
     fp8_cast_fusion: str = "norm_activation"
+    # sequence-parallel all-gathers of an fp8 run moving fp8 (torchao's float8 tensor parallelism);
+    # see sim.training.costs.fp8_all_gather_ops
+    fp8_all_gather: bool = False
     # delayed scaling's amax-history / scale update: "per_module" (each fp8 module, each pass: TE of
     # 2023) | "fused" (once per fp8_autocast, not priced); see sim.training.costs.fp8_scale_update_ops
     fp8_scale_update: str = "fused"
@@ -461,6 +464,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
         fp8_cast_fusion=settings["fp8_cast_fusion"],
+        fp8_all_gather=settings["fp8_all_gather"],
         fp8_scale_update=settings["fp8_scale_update"],
         cross_entropy=settings["cross_entropy"],
         fp8_backward_accumulation=settings["fp8_backward_accumulation"],

@@ -210,6 +210,8 @@ def layer_passes(
             forward = sdpa_layout_ops(forward)
     if setup.linear_bias == "unfused":
         forward = unfused_bias_add_ops(setup, forward)
+    if job.precision == "fp8" and setup.fp8_all_gather:
+        forward = fp8_all_gather_ops(forward, moe=moe)
     if plan.recompute == "full" or full_recompute:
         recompute = forward
     elif plan.recompute == "selective" and job.selective_recompute == "per_op":
@@ -234,6 +236,33 @@ def layer_passes(
         forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
                                  for ops in (forward, b_ops, w_ops))
     return forward, b_ops, accumulate_main_grads(setup, w_ops)
+
+
+# Sequence-parallel all-gathers in fp8 (``fp8_all_gather``, precision "fp8"): torchao's
+# Float8ColwiseParallel and PrepareFloat8ModuleInput cast a column-parallel linear's input to fp8
+# before gathering it, and Float8RowwiseParallel's output, NoopFwToFloat8BwDynamic, casts its
+# gradient to fp8 before the backward all-gather (torchao/float8/float8_tensor_parallel.py, "all-gather
+# in float8", tensorwise scaling): one byte per element each way, where the reduce-scatters (a
+# row-parallel output, a column-parallel input gradient) stay 16-bit.
+FP8_ALL_GATHERS = ("attention_all_gather", "mlp_all_gather")
+FP8_BACKWARD_ALL_GATHERS = ("attention_reduce_scatter", "mlp_reduce_scatter")
+
+
+def fp8_all_gather_ops(forward: list[Op], *, moe: bool) -> list[Op]:
+    """``forward`` with its sequence-parallel all-gathers moving fp8 (see above): the input gathers
+    at one byte per element (their reduce-scatter gradients at the 16-bit bytes) and the output
+    reduce-scatters' backward gathers of the output gradient at one byte. An MoE layer's MLP
+    gathers stay 16-bit (its router is not a float8 linear)."""
+    out = []
+    for op in forward:
+        if op.kind == "collective" and not (moe and op.name.startswith("mlp_")):
+            a = op.message_bytes
+            if op.name in FP8_ALL_GATHERS:
+                op = replace(op, message_bytes=a / 2.0, backward_bytes_moved=a)
+            elif op.name in FP8_BACKWARD_ALL_GATHERS:
+                op = replace(op, backward_bytes_moved=a / 2.0)
+        out.append(op)
+    return out
 
 
 # Dropout (``[training] dropout`` > 0). Hidden dropout runs inside the bias-dropout-add after

@@ -340,3 +340,26 @@ def test_a_faster_network_is_never_slower() -> None:
     setup = parse_training(config)
     gradient_bytes = 4.0 * stage_parameters_per_rank(setup, 0)
     assert times["ethernet-10g"][1] >= 2 * (2 - 1) / 2 * gradient_bytes / (10e9 / 8)
+
+
+def test_fp8_all_gathers_move_one_byte_per_element() -> None:
+    # torchao's float8 tensor parallelism (fp8_all_gather, torchtitan's): the input all-gathers and the
+    # backward gathers of row-parallel output gradients in fp8, the reduce-scatters in 16 bits
+    from sim.training.costs import layer_passes
+
+    def tp_collectives(**training: object) -> dict[str, float]:
+        setup = parse_training({
+            "model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+            "training": {"seq_len": 2048, "global_batch": 8, "precision": "fp8", "framework": "torchtitan", **training},
+            "parallel": {"tp": 8, "sequence_parallel": True},
+        })
+        f, b, _ = layer_passes(setup, False)
+        return {op.name: op.message_bytes for op in f + b if op.kind == "collective" and op.axis == "tp"}
+
+    fp8, bf16 = tp_collectives(), tp_collectives(fp8_all_gather=False)
+    for name in ("attention_all_gather", "mlp_all_gather", "attention_reduce_scatter_backward", "mlp_reduce_scatter_backward"):
+        assert fp8[name] == bf16[name] / 2  # gathers
+    for name in ("attention_reduce_scatter", "mlp_reduce_scatter", "attention_all_gather_backward", "mlp_all_gather_backward"):
+        assert fp8[name] == bf16[name]  # reduce-scatters
+    bf16_run = tp_collectives(precision="bf16")
+    assert bf16_run == tp_collectives(precision="bf16", fp8_all_gather=False)  # fp8 runs only

@@ -28,13 +28,15 @@ def test_every_pair_runs_fits_and_is_counted(report: SuiteReport) -> None:
 def test_thresholds_hold_at_both_fidelities(report: SuiteReport) -> None:
     analytic = run_training_pairs_suite(fidelity="analytic")
     assert not report.failures() and not analytic.failures(), (report.failures(), analytic.failures())
-    assert PAIR_THRESHOLDS[0].max_mape <= 0.051 and PAIR_THRESHOLDS[0].max_row_error <= 0.145
+    assert PAIR_THRESHOLDS[0].max_mape <= 0.04 and PAIR_THRESHOLDS[0].max_row_error <= 0.09
     errors = {c.row.split(":")[0]: c.error for c in report.comparisons}
     # torch.compile of torchtitan's eager chains (workloads.eager) within 1.5 %
     assert abs(errors["titan-llama31-8b-fsdp8"]) < 0.015 and abs(errors["titan-llama31-8b-fsdp128"]) < 0.015
-    # fp8 over bf16: Transformer Engine's 405B within 10 %; torchao float8 under torch.compile predicted low
-    assert abs(errors["te-llama31-405b-2304"]) < 0.10
-    assert -0.145 < errors["titan-llama31-70b-tp8-async"] < -0.10 < errors["titan-llama31-70b-tp8-vanilla"] < 0.0
+    # fp8 over bf16 within 10 % (the target): Transformer Engine's 405B; torchao float8 with its
+    # all-gathers in fp8 (fp8_all_gather), the async-TP run predicted low
+    fp8_pairs = ("te-llama31-405b-2304", "titan-llama31-70b-tp8-vanilla", "titan-llama31-70b-tp8-async")
+    assert all(abs(errors[row]) < 0.10 for row in fp8_pairs)
+    assert errors["titan-llama31-70b-tp8-async"] < -0.08
     # torch's async TP (tp_overlap_method symmetric_memory) on the 70B / 8B TP 8 runs: within 7.5 %
     assert all(abs(errors[row]) < 0.075 for row in ("titan-llama31-70b-tp8-bf16", "titan-llama31-70b-tp8-fp8",
                                                      "titan-llama31-8b-tp8-bf16"))
