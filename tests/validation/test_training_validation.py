@@ -112,8 +112,11 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     errors = {c.row: c.error for c in modern.comparisons}
     # Megatron-Core's skip_bias_add bias gradients and TE 1.x's flash-attn layout copies (NeMo 24.07) bring
     # the NeMo GPT-3 rows with micro-batch > 1 closer (were -14.8 %, -9.1 %); attention dropout on TE#3312's
-    # kernel time (ATTENTION_DROPOUT_RATE 0.896) closer still (were -12.2 %, -7.0 %)
-    assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.068
+    # kernel time (ATTENTION_DROPOUT_RATE 0.896) closer still (were -12.2 %, -7.0 %); TE's sequence-parallel
+    # gathers in fp8 (fp8_all_gather) move the TP 2 20B from -6.3 to -6.9 %, the TP 4 175B rows without TP
+    # overlap from +5.4 / +5.5 to +1.7 / +1.6 %
+    assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.07
+    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.02 and abs(errors["nemo-gpt3-175b-512"]) <= 0.02
     # Megatron-Bridge on TE 2.x runs cuDNN fused attention on Hopper (attention_kernel cudnn): the two
     # NeMo 25.11 H100 rows within 0.1 % and 5.5 % at this fidelity (were +10.4 %, +11.5 % on the FA2 rate)
     # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward)
@@ -130,8 +133,10 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # TE 0.8 / 09ba8427's flash-attn layout copies of the packed QKV, forward and backward (attention_layout
     # flash_bshd), bring them within 6.5 % at this fidelity (were -6.8, -7.1, -3.6, -4.4, -5.0 %); within 10 %
     # since its gradient buckets follow the DES's (the two 512 / 1,024-GPU rows -3.6 / -4.3 -> -9.5 / -10.0 %,
-    # the DES -7.4 / -7.9 %: the exposed data-parallel time it had over-counted had offset its pipeline phase)
-    assert all(abs(errors[c.row]) <= 0.10 for c in mlperf)
+    # the DES -7.4 / -7.9 %: the exposed data-parallel time it had over-counted had offset its pipeline phase);
+    # within 10.5 % with TE's sequence-parallel gathers in fp8 (fp8_all_gather: -9.7 / -10.3 %, the DES
+    # -7.8 / -8.3 %)
+    assert all(abs(errors[c.row]) <= 0.105 for c in mlperf)
     # mechanisms of this issue, each with a row it moves: llm-foundry's FA1-class attention and fp8 GEMMs at
     # the fp8 MAMF fraction bring these within 15 % (were -27.7 %, -20.4 %)
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.15 and abs(errors["nemo-llama2-7b"]) <= 0.16
