@@ -1,5 +1,5 @@
 """Published speedup pairs (validation/pairs_suite.py): each side predicted through `llmsim simulate`,
-held to the suite's thresholds, and the issue's fp8 pairs to 10 % where the model meets it."""
+held to the suite's thresholds, and the issue's fp8 pairs to 10 %."""
 
 from __future__ import annotations
 
