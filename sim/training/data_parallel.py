@@ -173,6 +173,24 @@ def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
     return signature_parameters(setup, stage_signatures(setup)[stage])
 
 
+def closing_gradient_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
+    """Parameters per rank of the stage whose gradients are complete only when its backward ends: the
+    input embedding's (the embedding's backward is the model's last op), 0 on stages without it.
+
+    Megatron's DDP fills its buckets in reverse parameter order, closing one once it holds
+    ``bucket_size`` parameters, so the embedding table and the leftover of the first layer form the
+    last bucket, which starts its reduction only after the embedding's backward
+    (megatron/core/distributed/param_and_grad_buffer.py ``for param in params[::-1]``,
+    register_grad_ready, core_r0.8.0); a tied table is one parameter, complete at the same point.
+    FSDP with one unit per layer (``fsdp_unit = "layer"``) reduce-scatters the root unit, the
+    embedding with the LM head it holds on the same chunk, in the root's post-backward, after every
+    layer's (torch FSDP2 ``fully_shard(model)`` over the per-block units)."""
+    for (root, _), chunk in zip(_chunk_parameters(setup, signature), signature):
+        if chunk[2]:
+            return root if setup.plan.zero == 3 and setup.fsdp_unit == "layer" else _table_parameters_per_rank(setup)
+    return 0.0
+
+
 def flat_gradient_prepare_bytes(setup: TrainingSetup, shard: int) -> float:
     """HBM bytes per gradient element that torch FSDP (``main_grad_accumulation = "flat_param"``)
     moves on its post-backward stream around each unit's reduce-scatter, every micro-batch
@@ -202,12 +220,18 @@ def grad_sync_work(
     ``setup.grad_reduce_dtype`` (the stack's rule: fp32 for bf16/fp8 training as Megatron's main grads,
     16-bit for fp16; bf16 with --grad-reduce-in-bf16). All full buckets have one size, so they are priced once.
     """
-    return grad_sync_for_parameters(setup, stage_parameters_per_rank(setup, stage), links, cache)
+    signature = stage_signatures(setup)[stage]
+    return grad_sync_for_parameters(setup, signature_parameters(setup, signature), links, cache,
+                                    closing_gradient_parameters(setup, signature))
 
 
 def grad_sync_for_parameters(
-    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None,
+    closing: float = 0.0,
 ) -> tuple[CommWork, ...]:
+    """The gradient buckets of a stage holding ``params`` parameters per rank in backward order: full
+    buckets, then the last, the leftover with the ``closing`` parameters whose gradients the backward
+    completes last (``closing_gradient_parameters``); the last is ready when the backward ends."""
     plan = setup.plan
     cache = cache if cache is not None else PricingCache()
     collective = cache.collective_s
@@ -236,7 +260,7 @@ def grad_sync_for_parameters(
     # Full buckets, then the remainder. Subtracting the integer bucket from a float parameter count
     # below 2**53 is exact, so one subtraction of k buckets equals k successive ones.
     full = 0
-    remaining = params
+    remaining = params - closing
     if remaining < 2.0**53:
         full = max(int(remaining // bucket), 0)
         remaining -= full * bucket
@@ -246,8 +270,8 @@ def grad_sync_for_parameters(
     message = bucket * grad_bytes
     kind_name = _COLLECTIVE_NAMES[kind]
     buckets = (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),) * full
-    if remaining > 0:
-        message = remaining * grad_bytes
+    if remaining + closing > 0:
+        message = (remaining + closing) * grad_bytes
         buckets += (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),)
     return buckets
 
@@ -293,8 +317,9 @@ def bucket_paced_gathers(
     One gather per local chunk, before that chunk's first forward of the iteration only, on the
     data-parallel stream; its units are the chunk's buckets (the gradient buckets' size, max(40M,
     1M x dp) parameters, 16-bit parameters), priced each at its own size: the full buckets and the
-    remainder, which holds the chunk's first layers (the buffer fills its buckets in reverse
-    parameter order, and the all-gathers run from the last bucket), so it is the first unit. The
+    remainder, which holds the chunk's first layers and, on the first chunk, the embedding table
+    (the buffer fills its buckets in reverse parameter order, and the all-gathers run from the last
+    bucket, ``closing_gradient_parameters``), so it is the first unit. The
     forward starts once the first unit is in and its last 1 / buckets of compute waits for the
     whole gather (``pipeline_des``'s rule): with n buckets of all-gather time a and forward compute
     f per bucket it ends at max(a + n f, n a + f), where the paced chain ends at a + n max(a, f):
@@ -304,11 +329,13 @@ def bucket_paced_gathers(
     group = links["dp"]
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     gathers, first_unit, tails = [], [], []
-    for root, layers in _chunk_parameters(setup, signature):
+    table = _table_parameters_per_rank(setup)
+    for (root, layers), chunk in zip(_chunk_parameters(setup, signature), signature):
         params = root
         for layer in layers:
             params += layer
-        full = int(params // bucket)
+        closing = table if chunk[2] else 0.0  # the embedding closes the last bucket (its first unit)
+        full = int((params - closing) // bucket)
         remainder = params - full * bucket
         full_s = collective(Collective.ALL_GATHER, bucket * 2.0, group) if full else 0.0
         remainder_s = collective(Collective.ALL_GATHER, remainder * 2.0, group) if remainder > 0.0 else 0.0

@@ -27,6 +27,7 @@ from sim.training.costs import (
 )
 from sim.training.data_parallel import (
     ChunkSignature,
+    closing_gradient_parameters,
     grad_sync_for_parameters,
     optimizer_time_for_parameters_s,
     param_gather_for_parameters,
@@ -336,7 +337,7 @@ def _data_parallel_work(
     optimizer seconds of a stage holding ``params`` parameters per rank, with the step's once-per-step
     fp8 weight casts (``weight_cast_s``, ``costs.fp8_weight_cast_s``: run in the first micro-batch, a
     per-step cost of the stage like its optimizer step, so priced beside it)."""
-    grad_sync = grad_sync_for_parameters(setup, params, links, cache)
+    grad_sync = grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature))
     optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + weight_cast_s
     gathers = param_gather_for_parameters(setup, params, links, cache, signature)
     if setup.dp_comm_overlap:
@@ -396,9 +397,10 @@ def _class_data_parallel(
         )
         cast_s = cache.memo("fp8_weight_cast", (keys.chunk, signature),
                             lambda: fp8_weight_cast_s(setup, signature, links))
-        # per-layer FSDP units depend on the chunks' layers and ends, not only on the parameter count
-        # and ZeRO-1/2's paced gathers on each chunk's buckets
-        per_chunk = (plan.zero == 3 and setup.fsdp_unit == "layer") or paces_param_gather(setup)
+        # per-layer FSDP units depend on the chunks' layers and ends, not only on the parameter count,
+        # ZeRO-1/2's paced gathers on each chunk's buckets, and the last bucket on the embedding
+        per_chunk = ((plan.zero == 3 and setup.fsdp_unit == "layer") or paces_param_gather(setup)
+                     or any(chunk[2] for chunk in signature))
         units = (keys.model, tuple(chunk[:4] for chunk in signature)) if per_chunk else None
         out.append(cache.memo(
             "data_parallel", (keys.data_parallel, links_key, params, cast_s, units),

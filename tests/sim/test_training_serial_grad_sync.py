@@ -27,15 +27,15 @@ def _config(overlap: bool, pp: int = 1) -> dict:
 @pytest.mark.parametrize("pp", [1, 2])
 def test_serial_grad_sync_is_exposed_dp(fidelity: str, pp: int) -> None:
     setup = parse_training(_config(False, pp))
-    # the priced collective: every gradient bucket of the critical (here: each) stage, summed
-    priced_s = max(sum(b.duration_s for b in grad_sync_work(setup, s, group_links(setup, s))) for s in range(pp))
-    assert priced_s > 0.0
+    # the priced collective: every gradient bucket of a stage, summed (the critical stage's is exposed)
+    priced_s = [sum(b.duration_s for b in grad_sync_work(setup, s, group_links(setup, s))) for s in range(pp)]
+    assert min(priced_s) > 0.0
     serial = simulate_training(_config(False, pp), RunOptions(fidelity=fidelity))
     overlapped = simulate_training(_config(True, pp), RunOptions(fidelity=fidelity))
     stages = serial.work.pipeline.stages
     assert all(not s.grad_sync and s.serial_grad_sync_s > 0.0 for s in stages)  # nothing left to overlap
     exposed = serial.metrics()["exposed_communication_s"]["dp"]
-    assert exposed == pytest.approx(priced_s, rel=1e-9)
+    assert any(exposed == pytest.approx(stage_s, rel=1e-9) for stage_s in priced_s), (exposed, priced_s)
     # overlapping the same buckets with the backward hides all of them but the last one
     hidden = overlapped.metrics()["exposed_communication_s"]["dp"]
     assert 0.0 < hidden < exposed

@@ -14,6 +14,7 @@ from sim.stacks import get_stack
 from sim.training.analytic import analytic_iteration
 from sim.training.config import parse_training
 from sim.training.costs import group_links
+from hardware.collectives import Collective, collective_time_s
 from sim.training.data_parallel import BUCKET_PARAMETERS, param_gather_work, stage_parameters_per_rank
 from sim.training.pipeline_des import run_pipeline
 from sim.training.run import simulate_training
@@ -113,10 +114,14 @@ def test_gathers_of_a_zero1_plan_are_its_buckets() -> None:
     gathers = param_gather_work(setup, 0, links)
     params = stage_parameters_per_rank(setup, 0)
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * 16)
-    full = int(params // bucket)
+    table = 128_256 * 4096 / 2  # the embedding closes the last bucket, gathered first: its own, then full ones
+    full = int((params - table) // bucket)
     assert gathers.first_forward_only
     assert len(gathers.gathers) == 1 and gathers.gathers[0].message_bytes == pytest.approx(params * 2.0, rel=EXACT)
     assert gathers.tail_share == (pytest.approx(1.0 / (full + 1), rel=EXACT),)
+    first = params - full * bucket
+    assert table < first < table + bucket
+    assert gathers.first_unit_s[0] == collective_time_s(Collective.ALL_GATHER, first * 2.0, links["dp"])
     assert 0.0 < gathers.first_unit_s[0] < gathers.gathers[0].duration_s
     free = parse_training({**MCORE, "training": {**MCORE["training"], "param_gather_pacing": "free"}})
     assert param_gather_work(free, 0, group_links(free, 0)).gathers == ()
