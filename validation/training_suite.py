@@ -28,7 +28,7 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
-# Iteration time: regression bounds at today's errors (MAPE 7.3 %, worst 20.5 %: the Megatron-Core
+# Iteration time: regression bounds at today's errors (MAPE 7.1 %, worst 19.5 %: the Megatron-Core
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
@@ -51,8 +51,11 @@ THRESHOLDS = (
     # implies (the 1.7B row's assumptions): the rows without a pipeline one micro-batch of 4, the pipelined
     # rows interleaved with one layer per virtual stage: 32B +44.1 -> -6.0 %, 16B +11.1 -> -10.6 %, 70B
     # +14.4 -> -3.9 %, 119B +5.1 -> -16.9 %, 177B +3.4 -> -16.8 %, 1.7B -17.0 -> -20.5 %; MAPE 8.0 -> 7.3 %,
-    # signed +1.2 -> -5.1 %: the nine rows are 3.9-20.5 % fast, mean -11.9 % (see TRAINING_NOTES)
-    Threshold(metric="iteration_time_s", max_mape=0.074, max_row_error=0.206),
+    # signed +1.2 -> -5.1 %: the nine rows are 3.9-20.5 % fast, mean -11.9 % (see TRAINING_NOTES). Worst row
+    # tightened 20.6 % -> 19.6 % by the embedding's gradient reduced after the backward
+    # (closing_gradient_parameters): the nine rows 4.0-19.5 % fast, mean -11.3 %; MAPE 7.1 %, signed -4.9 %
+    # (analytic 7.3 %, which the MAPE limit still holds)
+    Threshold(metric="iteration_time_s", max_mape=0.074, max_row_error=0.196),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -326,10 +329,12 @@ def memory_comparisons() -> list[Comparison]:
 # 5.3 / 12.8 %, signed -3.7 % (analytic 5.5 %), limit 6.0 -> 5.6 %; with PyTorch's own cross-entropy kernels for
 # torchtitan and llm-foundry (cross_entropy torch / torch_16bit, 36 / 12 B per logit where Megatron's unfused path
 # moves 52): 5.4 / 12.9 %, signed -3.8 % (analytic 5.6 %), limits 5.7 / 13.0 %; with fp8 runs' sequence-parallel
-# all-gathers in fp8 (fp8_all_gather): 5.3 / 12.9 %, signed -4.4 % (analytic 5.5 %). Every row must fit (require_fit).
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.057, max_row_error=0.13),)
+# all-gathers in fp8 (fp8_all_gather): 5.3 / 12.9 %, signed -4.4 % (analytic 5.5 %); with the embedding's gradient
+# reduced after the backward (closing_gradient_parameters): 5.0 / 12.7 %, signed -4.0 % (analytic 5.2 %), limits
+# 5.3 / 12.8 %. Every row must fit (require_fit).
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.053, max_row_error=0.128),)
 MISSING_MECHANISMS = (
-    "rows of the 2023-25 stacks are predicted 4.4 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are -8.2..+2.8 % on the measured EFA bandwidth with their eager elementwise ops and torch's own cross-entropy, and the 31 counted rows -4.0 %; with A9's two Nemotron rows, -10.9 / -8.9 %, and A10's Llama 3.1 405B, -5.2 %, the 34 counted rows -4.4 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
+    "rows of the 2023-25 stacks are predicted 4.4 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are -7.4..+2.6 % on the measured EFA bandwidth with their eager elementwise ops, torch's own cross-entropy and the root unit's reduce-scatter after the backward, and the 31 counted rows -3.6 %; with A9's two Nemotron rows, -10.6 / -8.8 %, and A10's Llama 3.1 405B, -5.1 %, the 34 counted rows -4.0 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
     "pytorch/ao#2377), priced on H100/H200 from the measured TensorRT-LLM fp8 GEMM tables less their activation "
     "quantization; llm-foundry's FA1-class Triton attention (FA1's measured fraction of FA2 at the head dim: 0.464 at 128) and per-op Composer AdamW; bf16 gradient buffers; data-parallel collectives holding one SM per NCCL channel of their group (32 inside an H100 node: FSDP on 8 H100); torch FSDP1's FlatParameter gradient copy and predivide, and the 16-bit reduction of Composer's DEFAULT mixed precision before v0.16.4; "
@@ -370,22 +375,23 @@ MISSING_MECHANISMS = (
     "node's NICs at the catalog's measured efficiency; 13.81 s here) did not run on the cluster as the row describes "
     "it (network_floor_exclusion; of the other rows only the Megatron-Core 32B comes within half of its floor, 0.49 of "
     "0.89 s). "
-    "torchtitan runs eagerly (compile = false in every A12 config): its RMSNorm, complex fp32 RoPE, SwiGLU and residual adds are ATen op chains, counted op by op on its Llama code (workloads.eager, benchmarks/eager_elementwise_bytes.py: RMSNorm 36 / 92 B per element in 8 / 16 kernels forward / backward where a fused norm moves 4 / 8, RoPE 20 / 20 B per Q or K element where fused moves 4 / 8, SwiGLU 10 / 18 B per FFN element where fused moves 6 / 12, a residual connection's add and, in backward, its gradient sum 6 / 6 B), each kernel with its launch and host dispatch (elementwise 'eager'; the 13B and 8B configs' norm_type 'fused_rmsnorm', torchtitan's Triton RMSNorm, keeps one norm kernel: 'eager_fused_norm'), and torch SDPA's layout copies (attention_layout 'torch_sdpa': Llama 3's K and V repeated from 8 to the query heads before the kernel, the output copied back to [b, s, h, d]): Llama 2 13B -9.5 / -7.6 / +2.8 -> -8.1 / -5.2 / +2.8 %, Llama 3 8B -7.6 / -5.8 -> -4.7 / -3.5 %, the 70B full-AC rows -4.4 / -4.2 -> +1.2 / +1.0 %; training-modern 5.8 -> 5.3 %, signed -4.2 -> -3.7 % (analytic 5.9 -> 5.5 %). Their loss is torch's own F.cross_entropy, priced ATen op by ATen op (cross_entropy 'torch' on fp32 logits, 14 / 22 B per logit forward / backward, for Composer / llm-foundry under bf16 autocast and torchtitan from its pred.float(); 'torch_16bit', 4 / 8 B, for torchtitan's April 2024 train.py on the 16-bit logits) instead of Megatron's unfused 38 / 14 B: the torchtitan rows -8.1..+2.8 -> -8.2..+2.8 %, llm-foundry -12.8..+3.8 -> -12.9..+3.6 % (MPT-3B fp8 -11.8 -> -12.6 %), training-modern 5.3 -> 5.4 %, signed -3.7 -> -3.8 %. fp8 runs gather in fp8 under sequence parallelism (fp8_all_gather: Transformer Engine's norm writes fp8 before gather_along_first_dim and its grad_output_preprocess casts a row-parallel output gradient before its gather, TE 0.8 to 2.x; torchao's Float8ColwiseParallel / Float8RowwiseParallel the same): one byte per element where the 16-bit gather moved two, the reduce-scatters unchanged: NeMo GPT-3 175B (TP 4, no TP overlap) +5.4 / +5.5 -> +1.7 / +1.6 %, 20B -6.3 -> -6.9 %, Llama 2 70B -0.9 -> -3.3 %, Nemotron -10.2 / -8.5 -> -10.9 / -8.9 %, Llama 3 70B CP 2 +2.6 -> +0.4 %, Megatron-Bridge 70B / 405B +5.7 / -3.4 -> +3.5 / -5.2 %, MLPerf -6.3..-3.1 -> -7.1..-3.5 % (-7.9 -> -8.3 % at 1,024 nodes); training-modern 5.4 -> 5.3 %, signed -3.8 -> -4.4 % (analytic 5.6 -> 5.5 %). The same count predicts A12's torch.compile speedup of Llama 3.1 8B FSDP on 8 / 128 H100 (Table 1 / 3: 1.157 / 1.162) at 1.169 / 1.170 on the catalog's 700 W 80 GB H100 (the rows' 500 W 96 GB HBM2e part, whose clock is not published, has no catalog entry, so their absolute steps are not in the suite). "
+    "torchtitan runs eagerly (compile = false in every A12 config): its RMSNorm, complex fp32 RoPE, SwiGLU and residual adds are ATen op chains, counted op by op on its Llama code (workloads.eager, benchmarks/eager_elementwise_bytes.py: RMSNorm 36 / 92 B per element in 8 / 16 kernels forward / backward where a fused norm moves 4 / 8, RoPE 20 / 20 B per Q or K element where fused moves 4 / 8, SwiGLU 10 / 18 B per FFN element where fused moves 6 / 12, a residual connection's add and, in backward, its gradient sum 6 / 6 B), each kernel with its launch and host dispatch (elementwise 'eager'; the 13B and 8B configs' norm_type 'fused_rmsnorm', torchtitan's Triton RMSNorm, keeps one norm kernel: 'eager_fused_norm'), and torch SDPA's layout copies (attention_layout 'torch_sdpa': Llama 3's K and V repeated from 8 to the query heads before the kernel, the output copied back to [b, s, h, d]): Llama 2 13B -9.5 / -7.6 / +2.8 -> -8.1 / -5.2 / +2.8 %, Llama 3 8B -7.6 / -5.8 -> -4.7 / -3.5 %, the 70B full-AC rows -4.4 / -4.2 -> +1.2 / +1.0 %; training-modern 5.8 -> 5.3 %, signed -4.2 -> -3.7 % (analytic 5.9 -> 5.5 %). Their loss is torch's own F.cross_entropy, priced ATen op by ATen op (cross_entropy 'torch' on fp32 logits, 14 / 22 B per logit forward / backward, for Composer / llm-foundry under bf16 autocast and torchtitan from its pred.float(); 'torch_16bit', 4 / 8 B, for torchtitan's April 2024 train.py on the 16-bit logits) instead of Megatron's unfused 38 / 14 B: the torchtitan rows -8.1..+2.8 -> -8.2..+2.8 %, llm-foundry -12.8..+3.8 -> -12.9..+3.6 % (MPT-3B fp8 -11.8 -> -12.6 %), training-modern 5.3 -> 5.4 %, signed -3.7 -> -3.8 %. fp8 runs gather in fp8 under sequence parallelism (fp8_all_gather: Transformer Engine's norm writes fp8 before gather_along_first_dim and its grad_output_preprocess casts a row-parallel output gradient before its gather, TE 0.8 to 2.x; torchao's Float8ColwiseParallel / Float8RowwiseParallel the same): one byte per element where the 16-bit gather moved two, the reduce-scatters unchanged: NeMo GPT-3 175B (TP 4, no TP overlap) +5.4 / +5.5 -> +1.7 / +1.6 %, 20B -6.3 -> -6.9 %, Llama 2 70B -0.9 -> -3.3 %, Nemotron -10.2 / -8.5 -> -10.9 / -8.9 %, Llama 3 70B CP 2 +2.6 -> +0.4 %, Megatron-Bridge 70B / 405B +5.7 / -3.4 -> +3.5 / -5.2 %, MLPerf -6.3..-3.1 -> -7.1..-3.5 % (-7.9 -> -8.3 % at 1,024 nodes); training-modern 5.4 -> 5.3 %, signed -3.8 -> -4.4 % (analytic 5.6 -> 5.5 %). The same count predicts A12's torch.compile speedup of Llama 3.1 8B FSDP on 8 / 128 H100 (Table 1 / 3: 1.157 / 1.162) at 1.169 / 1.171 on the catalog's 700 W 80 GB H100 (the rows' 500 W 96 GB HBM2e part, whose clock is not published, has no catalog entry, so their absolute steps are not in the suite). The embedding's gradient is the backward's last: Megatron's DDP fills its buckets in reverse parameter order, so the embedding table and the first layer's leftover form the last bucket, reduced after the embedding's backward and gathered first in the next forward (param_and_grad_buffer.py params[::-1], core_r0.8.0), and FSDP reduce-scatters its root unit, the embedding with the LM head it holds, in the root's post-backward, after every layer's (closing_gradient_parameters; they had been spread evenly over the backward): torchtitan Llama 3 8B -4.3 / -5.5 -> -0.3 / -1.4 %, Llama 2 13B +2.8 / -5.3 / -8.2 -> +2.6 / -4.5 / -7.4 %, the 70B full-AC rows +1.2 / +0.9 -> +1.4 / +1.9 %, the Megatron / NeMo rows within 0.4 points; training-modern 5.3 -> 5.0 %, signed -4.4 -> -4.0 % (analytic 5.5 -> 5.2 %). "
     "The MLPerf v3.0/v3.1 rows compare the logged train_step_timing (their logged throughput also counts "
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",
 )
 TRAINING_NOTES = (
-    "the 2021-22 Megatron rows are predicted 1.9 % fast on average and the Megatron-Core H100 rows 11.9 % fast "
+    "the 2021-22 Megatron rows are predicted 1.9 % fast on average and the Megatron-Core H100 rows 11.3 % fast "
     "(all run Megatron's default hidden and attention dropout 0.1, modelled; the Megatron-Core rows pay its DDP's "
     "zeroing, NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, "
     "grad_buffer_passes, and the concatenation of the QKV split's gradients with Transformer Engine's copy of V "
     "after RoPE, qkv_split). The Megatron-Core rows run the plan their evidence implies (the 1.7B row's "
-    "assumptions: one micro-batch of 4 without a pipeline, one layer per virtual stage with one): 1.7B -20.5, 7.1B "
-    "-14.3, 16B -10.6, 32B -6.0, 70B -3.9, 119B -16.9, 177B -16.8, 314B -8.7, 462B -9.4 %. At micro-batch 1 and 1F1B "
+    "assumptions: one micro-batch of 4 without a pipeline, one layer per virtual stage with one): 1.7B -19.5, 7.1B "
+    "-13.2, 16B -9.3, 32B -4.8, 70B -4.0, 119B -16.6, 177B -16.6, 314B -8.4, 462B -9.3 % (with the embedding's "
+    "gradient reduced after the backward, closing_gradient_parameters: -20.5..-3.9 % before). At micro-batch 1 and 1F1B "
     "they had read -17.0..+44.1 % (signed +7.8 %): the 1F1B bubble and the 32B's exposed reduce-scatter hid the same "
     "optimism. Its size where nothing but a micro-batch's compute counts: the README's strong-scaling 177B at 96 "
     "GPUs (576 micro-batches, data parallelism 2) reads 56.3 % MFU against the published 47 % "
-    "(benchmarks/megatron_strong_scaling.py), and 1.7B at one GPU per replica -20.5 %. Nothing sourced explains it "
+    "(benchmarks/megatron_strong_scaling.py), and 1.7B at one GPU per replica -19.5 %. Nothing sourced explains it "
     "(host dispatch, modelled at 13.48 us per op from torch.nn.Linear's forward on a DGX H100 host, "
     "TransformerEngine#2053, does not bind at their shapes: it would take about 145 us per modelled op to explain "
     "the 1.7B row; their memory-bound kernels are priced at 2.2-2.6 TB/s, near the H100's modelled stream rate; "

@@ -36,22 +36,22 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 1.7B row (-20.5 %: the family's per-micro-batch compute is predicted fast; see
+    # the Megatron-Core H100 1.7B row (-19.5 %: the family's per-micro-batch compute is predicted fast; see
     # TRAINING_NOTES) sits at the limit
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
-    assert threshold.max_mape <= 0.074 and threshold.max_row_error <= 0.206
+    assert threshold.max_mape <= 0.074 and threshold.max_row_error <= 0.196
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
-    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -5.1 % (2021-22 Megatron
-    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 3.9-20.5 %
-    # fast) and -3.9 % (2023-25 stacks). Bounds stop it from growing either way.
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -4.9 % (2021-22 Megatron
+    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 4.0-19.5 %
+    # fast) and -4.0 % (2023-25 stacks). Bounds stop it from growing either way.
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
     modern = run_training_modern_suite(fidelity="des").signed_mean("iteration_time_s")
-    assert -0.052 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
+    assert -0.05 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
 
 
 def test_analytic_fidelity_tracks_the_des() -> None:
