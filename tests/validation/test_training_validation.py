@@ -79,8 +79,8 @@ def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
 
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
-    # published-training.md A9-A13 through the user path; the 7 % target is not met
-    # (9.3 %, signed -8.4 %): these bounds only stop regressions, MISSING_MECHANISMS says why
+    # published-training.md A9-A13 through the user path (5.1 %, worst 13.0 %, signed -4.1 %): these bounds
+    # only stop regressions, MISSING_MECHANISMS says what is not modelled
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
     modern = run_training_modern_suite(fidelity="analytic")
@@ -95,7 +95,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.057 and MODERN_THRESHOLDS[0].max_row_error <= 0.13
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.053 and MODERN_THRESHOLDS[0].max_row_error <= 0.131
     # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
