@@ -37,6 +37,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "optimizer_kernels": ("training", ("fused", "per_op")),
         "grad_buffer_passes": ("training", ("shard", "megatron_ddp")),
         "fsdp_unit": ("training", ("layer", "chunk")),
+        "fsdp_kept_after_forward": ("training", ("none", "root", "root_last_layer")),
         "param_gather_pacing": ("training", ("bucket", "free")),
         "linear_bias": ("training", ("fused", "unfused", "skip_bias_add")),
         "fp8_recipe": ("training", ("delayed", "current")),

@@ -81,6 +81,12 @@ class DataParallelTimes:
     # ZeRO-1/2's paced gathers (``StageWork.param_gather_first_forward_only``): once per chunk, before
     # its first forward
     gather_first_forward_only: bool = False
+    # per chunk, the gather before a B, its first unit and tail share (``StageWork.param_gather_backward``:
+    # units kept gathered since the F left out); the F's where the stack keeps none
+    param_gather_backward: tuple[CommWork, ...] = ()
+    backward_gathers_s: tuple[float, ...] = ()
+    backward_gather_first_s: tuple[float, ...] = ()
+    backward_gather_tail_share: tuple[float, ...] = ()
 
 
 def chunk_times(chunks: tuple[ChunkWork, ...]) -> ChunkTimes:
@@ -106,10 +112,17 @@ def data_parallel_times(
     gather_first_s: tuple[float, ...] = (),
     gather_tail_share: tuple[float, ...] = (),
     gather_first_forward_only: bool = False,
+    param_gather_backward: tuple[CommWork, ...] = (),
+    backward_gather_first_s: tuple[float, ...] = (),
+    backward_gather_tail_share: tuple[float, ...] = (),
 ) -> DataParallelTimes:
     """The closed form's view of a stage's data-parallel work; without ``gather_first_s`` every gather
-    is one unit (its first unit is all of it) and no compute waits for its end."""
+    is one unit (its first unit is all of it) and no compute waits for its end; without
+    ``param_gather_backward`` a B's gathers are the F's."""
     gathers_s = tuple(map(_DURATION, param_gather))
+    gather_first_s = gather_first_s or gathers_s
+    gather_tail_share = gather_tail_share or (0.0,) * len(gathers_s)
+    backward_s = tuple(map(_DURATION, param_gather_backward)) or gathers_s
     return DataParallelTimes(
         grad_sync=grad_sync,
         param_gather=param_gather,
@@ -120,9 +133,14 @@ def data_parallel_times(
         gathers_s=gathers_s,
         buckets=len(grad_sync),
         bucket_runs=tuple((seconds, len(tuple(run))) for seconds, run in groupby(map(_DURATION, grad_sync))),
-        gather_first_s=gather_first_s or gathers_s,
-        gather_tail_share=gather_tail_share or (0.0,) * len(gathers_s),
+        gather_first_s=gather_first_s,
+        gather_tail_share=gather_tail_share,
         gather_first_forward_only=gather_first_forward_only,
+        param_gather_backward=param_gather_backward,
+        backward_gathers_s=backward_s,
+        backward_gather_first_s=(backward_gather_first_s or backward_s) if param_gather_backward else gather_first_s,
+        backward_gather_tail_share=(backward_gather_tail_share or (0.0,) * len(backward_s)) if param_gather_backward
+        else gather_tail_share,
     )
 
 
@@ -144,7 +162,9 @@ def analytic_iteration(work: PipelineWork) -> PipelineEstimate:
     times = [
         (chunk_times(s.chunks), data_parallel_times(s.grad_sync, s.param_gather, s.optimizer_s, s.serial_grad_sync_s,
                                                     s.param_gather_first_s, s.param_gather_tail_share,
-                                                    s.param_gather_first_forward_only))
+                                                    s.param_gather_first_forward_only, s.param_gather_backward,
+                                                    s.param_gather_backward_first_s,
+                                                    s.param_gather_backward_tail_share))
         for s in work.stages
     ]
     return analytic_iteration_classes(
@@ -478,6 +498,7 @@ def _held_compute(work_s: float, window_s: float, hold_s: float, tail_share: flo
 def fsdp_alternating_s(
     forward_s: float, backward_s: float, gather_s: float, grad_sync_s: float, last_bucket_s: float, buckets: int,
     num_microbatches: int, overlap_slowdown: float, first_unit_s: float | None = None, tail_share: float = 0.0,
+    backward_gather: tuple[float, float, float] | None = None,
 ) -> float:
     """Compute and FSDP stream of one stage running F0 B0 F1 B1 ... (one chunk, fused backward), from
     the first gather to the end of the last backward or of the stream after it, whichever is later.
@@ -493,24 +514,26 @@ def fsdp_alternating_s(
     rest). Compute beside the stream runs ``overlap_slowdown`` times slower
     (``compute_beside_communication``; a B overlaps all its buckets but the last). Exact without a
     slowdown when the buckets are equal; with one, B's buckets are taken as running from its start
-    (they run as they become ready), so it is a little long when the buckets are few and longer than B."""
+    (they run as they become ready), so it is a little long when the buckets are few and longer than B.
+    ``backward_gather``: a B's gather, its first unit and tail share where they differ from the F's."""
     first = gather_s if first_unit_s is None else first_unit_s
+    gather_b, first_b, tail_b = backward_gather if backward_gather is not None else (gather_s, first, tail_share)
     t = first  # the first unit of the first gather: nothing to hide behind
     own = leftover = gather_s - first  # of F_i's own gather / of the stream, left when F_i starts
     for i in range(num_microbatches):
-        window = leftover + gather_s  # B_i's gather queued behind what is left
+        window = leftover + gather_b  # B_i's gather queued behind what is left
         forward, _ = _held_compute(forward_s, window, own, tail_share, overlap_slowdown)
-        backward_start = max(forward, leftover + first)  # B_i waits for its first unit
+        backward_start = max(forward, leftover + first_b)  # B_i waits for its first unit
         t += backward_start
         own_b = window - backward_start if window > backward_start else 0.0  # of B_i's gather
         following = own_b + gather_s if i < num_microbatches - 1 else own_b  # F_(i+1)'s gather ends
-        backward, unheld = _held_compute(backward_s, following + grad_sync_s - last_bucket_s, own_b, tail_share,
+        backward, unheld = _held_compute(backward_s, following + grad_sync_s - last_bucket_s, own_b, tail_b,
                                          overlap_slowdown)
         end = following
         if buckets:
             end = max(following + grad_sync_s, unheld / buckets + grad_sync_s, backward + last_bucket_s)
             if backward > unheld:  # the buckets after the hold's boundary wait with it
-                end = max(end, _held_buckets_end(backward_s, backward, own_b, tail_share, grad_sync_s, last_bucket_s,
+                end = max(end, _held_buckets_end(backward_s, backward, own_b, tail_b, grad_sync_s, last_bucket_s,
                                                  buckets))
         if i < num_microbatches - 1:
             start = max(backward, own_b + first)  # F_(i+1) waits for its first unit
@@ -704,10 +727,10 @@ def zero3_prices(chunks: ChunkTimes, dp: DataParallelTimes, m: int, split_backwa
     """``Zero3Prices`` of a stage class whose ``m`` micro-batches each gather and reduce-scatter."""
     paced, gathers, hop = [], [], []
     share = dp.grad_sync_s / len(dp.gathers_s)
-    for work, gather in zip(chunks.chunks, dp.gathers_s):
+    for work, gather, gather_b in zip(chunks.chunks, dp.gathers_s, dp.backward_gathers_s):
         backward = work.backward_input_s + (0.0 if split_backward else work.backward_weight_s)
-        paced += [max(work.forward_s, gather), max(backward, gather), work.backward_weight_s if split_backward else 0.0]
-        gathers += [gather, gather, 0.0]
+        paced += [max(work.forward_s, gather), max(backward, gather_b), work.backward_weight_s if split_backward else 0.0]
+        gathers += [gather, gather_b, 0.0]
         hop.append(backward if split_backward else backward + overlap_stretch_s(backward, share, overlap_slowdown))
     return Zero3Prices(tuple(paced), tuple(gathers), tuple(hop), share, m * dp.grad_sync_s)
 
@@ -774,8 +797,12 @@ def split_stream_end_s(kinds: Sequence[int], chunks_of_ops: Sequence[int], start
         if j in next_needing:
             after = next_needing[j]
             issued = max(begin, stream)
-            stream = issued + dp.gathers_s[chunks_of_ops[after]]
-            ready[after] = issued + dp.gather_first_s[chunks_of_ops[after]]
+            if kinds[after] == F_CODE:
+                stream = issued + dp.gathers_s[chunks_of_ops[after]]
+                ready[after] = issued + dp.gather_first_s[chunks_of_ops[after]]
+            else:
+                stream = issued + dp.backward_gathers_s[chunks_of_ops[after]]
+                ready[after] = issued + dp.backward_gather_first_s[chunks_of_ops[after]]
         if kind == F_CODE:
             compute = begin + work.forward_s
         elif kind == B_CODE:
@@ -821,7 +848,8 @@ def fsdp_stream_bounds_s(
             continue
         share, last = prices.share, chunk_of[k].chunks[0]
         nominal = last_backward_end - last.backward_input_s - last.backward_weight_s  # without the stream
-        started = max(bound - tail.late * share - dp.gathers_s[0] + dp.gather_first_s[0], nominal, ended)
+        started = max(bound - tail.late * share - dp.backward_gathers_s[0] + dp.backward_gather_first_s[0], nominal,
+                      ended)
         # the last B runs beside the buckets it issues, which end no earlier than all of them after its start
         ended = started + prices.hop[0]
         finished = started + max(prices.hop[0] + dp.last_bucket_s, share)
@@ -868,7 +896,8 @@ def finish_iteration(
                 # one stage, F0 B0 F1 B1 ...: the stream op by op, as the DES runs it
                 exposed_dp = fsdp_alternating_s(
                     chunk.forward_s, chunk.backward_s, dp.gathers_s[0], dp.grad_sync_s, dp.last_bucket_s, dp.buckets,
-                    m, overlap_slowdown, dp.gather_first_s[0], dp.gather_tail_share[0]) - compute
+                    m, overlap_slowdown, dp.gather_first_s[0], dp.gather_tail_share[0],
+                    (dp.backward_gathers_s[0], dp.backward_gather_first_s[0], dp.backward_gather_tail_share[0])) - compute
             else:
                 # several stages or chunks: the stream hides behind the stage's compute but the first
                 # gather's first unit and the last bucket are exposed; the rest overlaps the m
@@ -877,7 +906,7 @@ def finish_iteration(
                 # counted on top of a stream longer than the compute stand in for them); where the
                 # stream outlasts the backward, the bounds after the loop below take over (alone, the
                 # aggregate read 10-14 % short of the DES on HSDP plans under GPipe)
-                stream = phase.gather_rounds * (2.0 * sum(dp.gathers_s) + dp.grad_sync_s)
+                stream = phase.gather_rounds * (sum(dp.gathers_s) + sum(dp.backward_gathers_s) + dp.grad_sync_s)
                 ends = dp.gather_first_s[0] + dp.last_bucket_s
                 stretch = overlap_stretch_s(compute, stream - ends, overlap_slowdown)
                 # the slowest stage paces every micro-batch: a faster one waits for it each time while

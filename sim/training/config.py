@@ -26,7 +26,7 @@ TRAINING_KEYS = (
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
-    "param_gather_pacing", "elementwise", "compile", "fp8_all_gather",
+    "param_gather_pacing", "elementwise", "compile", "fp8_all_gather", "fsdp_kept_after_forward",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -136,6 +136,10 @@ class TrainingSetup:
     # gathered) | "chunk" (one gather of the chunk, waited on whole); see
     # sim.training.data_parallel.param_gather_for_parameters
     fsdp_unit: str = "layer"
+    # FSDP units kept gathered from their forward to their backward (fsdp_unit "layer"): "none" |
+    # "root" (torch FSDP's root unit: embedding, final norm, LM head) | "root_last_layer" (and the
+    # model's last layer, torchtitan); see sim.training.data_parallel.FSDP_KEPT_AFTER_FORWARD
+    fsdp_kept_after_forward: str = "none"
     # ZeRO-1/2 parameter all-gather after the optimizer with dp_comm_overlap: "free" (hidden under the
     # next forward) | "bucket" (Megatron-Core's distributed optimizer: bucket by bucket in each
     # chunk's first forward, each bucket's all-gather dispatched once the previous one is waited on);
@@ -457,6 +461,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         optimizer_kernels=settings["optimizer_kernels"],
         grad_buffer_passes=settings["grad_buffer_passes"],
         fsdp_unit=settings["fsdp_unit"],
+        fsdp_kept_after_forward=settings["fsdp_kept_after_forward"],
         param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
         pipeline_p2p=settings["pipeline_p2p"],

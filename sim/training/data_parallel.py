@@ -286,10 +286,21 @@ class ParamGathers(NamedTuple):
     # True: each chunk is gathered once per iteration, before its first forward only (ZeRO-1/2's
     # updated parameters after the optimizer; ``param_gather_pacing = "bucket"``)
     first_forward_only: bool = False
+    # per chunk, the gathers before a B where they differ from the F's (``fsdp_kept_after_forward``:
+    # units kept gathered from their forward to their backward); empty: the same as the F's
+    backward: tuple[CommWork, ...] = ()
+    backward_first_unit_s: tuple[float, ...] = ()
+    backward_tail_share: tuple[float, ...] = ()
 
 
 NO_GATHERS = ParamGathers((), (), ())
 FSDP_UNITS = ("layer", "chunk")
+# FSDP units a stack keeps gathered from their forward to their backward (``fsdp_unit = "layer"``):
+# "none"; "root", the root unit with the embedding, final norm and LM head (torch FSDP1's
+# _post_forward_reshard frees no root parameters, FSDP2 sets the root's reshard_after_forward to
+# False); "root_last_layer", and the model's last transformer layer (torchtitan's
+# reshard_after_forward = False for its last block)
+FSDP_KEPT_AFTER_FORWARD = ("none", "root", "root_last_layer")
 PARAM_GATHER_PACINGS = ("bucket", "free")
 
 
@@ -369,7 +380,9 @@ def param_gather_for_parameters(
     all-gather of one layer runs below the bus bandwidth of the whole chunk's: 2.5-12 % longer in
     total on the torchtitan A12 rows); the chunk's F or B starts once the first unit is gathered and
     its last ``tail_share`` = 1 / layers (the last layer's, with the embedding and LM head spread
-    over the layers) waits for the last unit (``pipeline_des``)."""
+    over the layers) waits for the last unit (``pipeline_des``). Units the stack keeps gathered from
+    their forward to their backward (``fsdp_kept_after_forward``) are left out of the gather before
+    the B (``ParamGathers.backward``), which runs the layers in backward order."""
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
     if paces_param_gather(setup):
@@ -384,24 +397,39 @@ def param_gather_for_parameters(
         seconds = collective(Collective.ALL_GATHER, per_chunk, group)
         gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
         return ParamGathers((gather,) * plan.virtual_stages, (seconds,) * plan.virtual_stages, (0.0,) * plan.virtual_stages)
+    kept = setup.fsdp_kept_after_forward
+    if kept not in FSDP_KEPT_AFTER_FORWARD:
+        raise ValueError(f"fsdp_kept_after_forward {kept!r}; allowed: {', '.join(FSDP_KEPT_AFTER_FORWARD)}")
     layer_s: dict[float, float] = {}  # seconds of a layer's 16-bit gather, by its bytes
-    gathers, first_unit, tails = [], [], []
-    for root, layers in _chunk_parameters(setup, signature):
+
+    def gathered(root: float, layers: list[float]) -> tuple[CommWork, float, float]:
+        """One gather of a root unit of ``root`` parameters (if any) then of ``layers``: the whole, its
+        first unit's seconds and the share of the op's compute waiting for its last unit."""
         units = [(root * 2.0, collective(Collective.ALL_GATHER, root * 2.0, group))] if root > 0.0 else []
         for layer in layers:
             layer_bytes = layer * 2.0
             if layer_bytes not in layer_s:
                 layer_s[layer_bytes] = collective(Collective.ALL_GATHER, layer_bytes, group)
             units.append((layer_bytes, layer_s[layer_bytes]))
-        count = len(layers)
         nbytes = seconds = 0.0
         for unit_bytes, unit_s in units:
             nbytes += unit_bytes
             seconds += unit_s
-        gathers.append(CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=nbytes, duration_s=seconds))
-        first_unit.append(units[0][1] if units else 0.0)
-        tails.append(1.0 / count if len(units) > 1 and count > 0 else 0.0)
-    return ParamGathers(tuple(gathers), tuple(first_unit), tuple(tails))
+        whole = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=nbytes, duration_s=seconds)
+        return whole, units[0][1] if units else 0.0, 1.0 / len(layers) if len(units) > 1 and layers else 0.0
+
+    forward, backward = [], []
+    for (root, layers), chunk in zip(_chunk_parameters(setup, signature), signature):
+        forward.append(gathered(root, layers))
+        if kept != "none":
+            # before the B: the units not kept since the F, the LM head's first (backward order)
+            last_kept = kept == "root_last_layer" and chunk[3] and layers
+            backward.append(gathered(0.0, layers[::-1][1:] if last_kept else layers[::-1]))
+    gathers = ParamGathers(*(tuple(column) for column in zip(*forward))) if forward else NO_GATHERS
+    if not backward:
+        return gathers
+    whole, first, tail = (tuple(column) for column in zip(*backward))
+    return gathers._replace(backward=whole, backward_first_unit_s=first, backward_tail_share=tail)
 
 
 def grad_buffer_bytes(setup: TrainingSetup, params: float, shard: float) -> float:

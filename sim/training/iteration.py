@@ -167,7 +167,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
     ))
     dp_context = cache.intern(
         ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, setup.grad_buffer_passes,
-         setup.fsdp_unit, setup.param_gather_pacing,
+         setup.fsdp_unit, setup.fsdp_kept_after_forward, setup.param_gather_pacing,
          setup.main_grad_accumulation,
          _dp_job_values(job),
          _dp_plan_values(plan))
@@ -340,11 +340,14 @@ def _data_parallel_work(
     grad_sync = grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature))
     optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + weight_cast_s
     gathers = param_gather_for_parameters(setup, params, links, cache, signature)
+    backward = {"param_gather_backward": gathers.backward, "backward_gather_first_s": gathers.backward_first_unit_s,
+                "backward_gather_tail_share": gathers.backward_tail_share}
     if setup.dp_comm_overlap:
         return data_parallel_times(grad_sync, gathers.gathers, optimizer_s, gather_first_s=gathers.first_unit_s,
-                                   gather_tail_share=gathers.tail_share, gather_first_forward_only=gathers.first_forward_only)
+                                   gather_tail_share=gathers.tail_share, gather_first_forward_only=gathers.first_forward_only,
+                                   **backward)
     return data_parallel_times((), gathers.gathers, optimizer_s, serial_grad_sync_s=sum(map(_DURATION, grad_sync)),
-                               gather_first_s=gathers.first_unit_s, gather_tail_share=gathers.tail_share)
+                               gather_first_s=gathers.first_unit_s, gather_tail_share=gathers.tail_share, **backward)
 
 
 class ClassChunks(NamedTuple):
@@ -514,6 +517,9 @@ def build_iteration(setup: TrainingSetup, cache: PricingCache | None = None) -> 
                 param_gather_first_s=work.data_parallel.gather_first_s,
                 param_gather_tail_share=work.data_parallel.gather_tail_share,
                 param_gather_first_forward_only=work.data_parallel.gather_first_forward_only,
+                param_gather_backward=work.data_parallel.param_gather_backward,
+                param_gather_backward_first_s=work.data_parallel.backward_gather_first_s,
+                param_gather_backward_tail_share=work.data_parallel.backward_gather_tail_share,
                 optimizer_s=work.data_parallel.optimizer_s,
                 static_memory_bytes=breakdown.total_bytes - breakdown.activations_bytes,
             )

@@ -28,8 +28,10 @@ Rules (documented choices):
   (``StageWork.param_gather_first_s``: per-layer units) lets its op start once the first unit is in,
   and holds the op's last ``param_gather_tail_share`` of compute (the last unit's) until the whole
   gather is in: the op ends at max(start + its compute, gather end + the last unit's compute),
-  the hold counting as a wait on the gather. Every micro-batch's gradient op of a chunk
-  reduce-scatters the chunk's buckets (no gradient accumulation outside the shards). A breadth-first
+  the hold counting as a wait on the gather. Where the stack keeps units gathered from their F to
+  their B, a B waits for ``param_gather_backward[c]`` instead (the rest, with its own first unit
+  and tail share). Every micro-batch's gradient op of a chunk reduce-scatters the chunk's buckets
+  (no gradient accumulation outside the shards). A breadth-first
   loop (``bfs``) gathers once per run of one chunk and pass and reduce-scatters once per chunk
   (Lamy-Poirier 2022, arXiv 2211.05953).
 * ZeRO-1/2 paced parameter all-gather (``StageWork.param_gather_first_forward_only``, Megatron-Core's
@@ -154,16 +156,17 @@ def _validate(work: PipelineWork) -> None:
                 f"PipelineWork.stages[{index}].param_gather has {len(stage.param_gather)} entries; "
                 f"expected 0 or virtual_stages = {work.virtual_stages}"
             )
-        for name in ("param_gather_first_s", "param_gather_tail_share"):
+        for name in ("param_gather_first_s", "param_gather_tail_share", "param_gather_backward",
+                     "param_gather_backward_first_s", "param_gather_backward_tail_share"):
             values = getattr(stage, name)
             if values and len(values) != len(stage.param_gather):
                 raise ValueError(
                     f"PipelineWork.stages[{index}].{name} has {len(values)} entries; "
                     f"expected 0 or one per param_gather ({len(stage.param_gather)})"
                 )
-        if any(not 0.0 <= share <= 1.0 for share in stage.param_gather_tail_share):
-            raise ValueError(f"PipelineWork.stages[{index}].param_gather_tail_share = "
-                             f"{stage.param_gather_tail_share}: each must be in [0, 1]")
+        for name in ("param_gather_tail_share", "param_gather_backward_tail_share"):
+            if any(not 0.0 <= share <= 1.0 for share in getattr(stage, name)):
+                raise ValueError(f"PipelineWork.stages[{index}].{name} = {getattr(stage, name)}: each must be in [0, 1]")
     links_needed = pp if (work.virtual_stages > 1 and pp > 1) else pp - 1
     for name in ("p2p_bandwidth_Bps", "p2p_latency_s"):
         if len(getattr(work, name)) < links_needed:
@@ -341,14 +344,20 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
         advance = stream.advance
         stage_work = work.stages[s]
         activation = [c.activation_bytes for c in stage_work.chunks]
-        gathers = stage_work.param_gather
         # FSDP units: an op may start once its gather's first unit is in; its last ``tail`` share of
-        # compute waits for the gather's end. One unit (no first_unit_s): the whole gather
-        first_unit_s = stage_work.param_gather_first_s or tuple(g.duration_s for g in gathers)
-        tail_share = stage_work.param_gather_tail_share or (0.0,) * len(gathers)
+        # compute waits for the gather's end. One unit (no first_unit_s): the whole gather. A B's
+        # gathers leave out the units kept since the F (``param_gather_backward``; empty: the F's)
+        def units(gathers, first_s, tail_share):  # type: ignore[no-untyped-def]
+            return gathers, first_s or tuple(g.duration_s for g in gathers), tail_share or (0.0,) * len(gathers)
+
+        forward = units(stage_work.param_gather, stage_work.param_gather_first_s, stage_work.param_gather_tail_share)
+        by_pass = {"f": forward, "b": units(stage_work.param_gather_backward, stage_work.param_gather_backward_first_s,
+                                            stage_work.param_gather_backward_tail_share)
+                   if stage_work.param_gather_backward else forward}
         gather_done: dict[tuple[str, int, int], tuple[float, float]] = {}  # (first unit in, all in)
 
         def issue_gather(key: tuple[str, int, int], ready_s: float) -> None:
+            gathers, first_unit_s, _ = by_pass[key[0]]
             gather = gathers[key[2]]
             begin, finish = dp_kernel(s, ready_s, gather.duration_s, _gather_label(key), gather.axis)
             first_in = begin + first_unit_s[key[2]]
@@ -377,13 +386,14 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
                 if arrival > start:
                     start = arrival
                     acc = acc_in + (arrival - produced)
-            hold = 0.0  # when the op's last unit is gathered, if after its start (else 0)
+            hold = tail = 0.0  # when the op's last unit is gathered, if after its start (else 0); its share
             if g_wait is not None:
                 ready, gathered = gather_done[g_wait]
                 if ready > start:
                     gather_waits[s] += ready - start
                     start = ready
-                if gathered > start and tail_share[chunk] > 0.0:
+                tail = by_pass[g_wait[0]][2][chunk]
+                if gathered > start and tail > 0.0:
                     hold = gathered
             if g_issue is not None:
                 issue_gather(g_issue, start)
@@ -393,7 +403,7 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
             if hold:
                 # the op's compute up to its last unit's share, then (once that unit is in) the rest;
                 # buckets at or before the boundary are enqueued first
-                boundary = (1.0 - tail_share[chunk]) * duration
+                boundary = (1.0 - tail) * duration
                 end, done = start, 0.0
                 for fraction, bucket in plan or ():
                     point = fraction * duration

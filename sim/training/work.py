@@ -62,6 +62,11 @@ class StageWork:
     # True: ``param_gather`` is ZeRO-1/2's all-gather of the updated parameters, needed once per
     # iteration before each chunk's first forward (``param_gather_pacing = "bucket"``), not FSDP's
     param_gather_first_forward_only: bool = False
+    # per chunk, the gather before a B and its units where it differs from the F's (units the stack
+    # keeps gathered from their forward to their backward, ``fsdp_kept_after_forward``); empty: the F's
+    param_gather_backward: tuple[CommWork, ...] = ()
+    param_gather_backward_first_s: tuple[float, ...] = ()
+    param_gather_backward_tail_share: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -284,3 +284,87 @@ def test_split_stream_walk_exact_timeline() -> None:
                              (CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=1.0),), 0.0)
     kinds = [B_CODE, W_CODE, F_CODE, B_CODE, W_CODE]
     assert split_stream_end_s(kinds, [0] * 5, 0.0, chunk_times(works), dp, 3.0) == pytest.approx(11.0, rel=EXACT)
+
+
+# --- units kept gathered from their forward to their backward (``fsdp_kept_after_forward``) ----------
+
+def kept_work(m: int, gather_s: float, backward_gather_s: float, grad_sync_s: float, buckets: int, slowdown: float,
+              first_share: float = 1.0, tail_share: float = 0.0):
+    """``unit_work`` whose B gathers ``backward_gather_s`` (first unit and tail share alike)."""
+    work = unit_work(m, gather_s, gather_s * first_share, tail_share, grad_sync_s, buckets, slowdown)
+    backward = CommWork(axis="dp", kind="all_gather", message_bytes=1.0, duration_s=backward_gather_s)
+    return dataclasses.replace(work, stages=(dataclasses.replace(
+        work.stages[0], param_gather_backward=(backward,), param_gather_backward_first_s=(backward_gather_s * first_share,),
+        param_gather_backward_tail_share=(tail_share,)),))
+
+
+def test_exact_timeline_of_a_backward_that_gathers_less() -> None:
+    # m = 1, F 1 s, B 2 s, the F's gather 2 s, the B's 0.5 s (the kept units left out), one 0.5 s bucket:
+    # gF 0..2; F 2..3 (gB issued at 2: 2..2.5); B 3..5; the bucket 5..5.5. Gathering the F's 2 s
+    # again it was gB 2..4, B 4..6, 6.5 (test_a_gather_longer_than_the_forward_stalls_the_backward...)
+    work = kept_work(1, 2.0, 0.5, 0.5, 1, 1.0)
+    des, analytic = run_pipeline(work), analytic_iteration(work)
+    assert des.iteration_time_s == pytest.approx(5.5, rel=EXACT)
+    assert des.exposed_comm_s["dp"] == pytest.approx(2.5, rel=EXACT)
+    assert analytic.iteration_time_s == pytest.approx(5.5, rel=EXACT)
+    assert analytic.exposed_comm_s["dp"] == pytest.approx(2.5, rel=EXACT)
+
+
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize(("gather_s", "backward_gather_s"), [(2.0, 0.5), (2.0, 1.9), (0.25, 0.0), (8.0, 6.0)])
+@pytest.mark.parametrize(("first_share", "tail_share"), [(1.0, 0.0), (0.1, 0.1), (0.5, 0.5)])
+@pytest.mark.parametrize(("grad_sync_s", "buckets"), [(0.5, 1), (4.0, 4), (4.0, 100)])
+def test_analytic_follows_the_des_stream_with_a_lighter_backward_gather(
+    m: int, gather_s: float, backward_gather_s: float, first_share: float, tail_share: float, grad_sync_s: float,
+    buckets: int,
+) -> None:
+    work = kept_work(m, gather_s, backward_gather_s, grad_sync_s, buckets, 1.0, first_share, tail_share)
+    des, analytic = run_pipeline(work), analytic_iteration(work)
+    assert analytic.iteration_time_s == pytest.approx(des.iteration_time_s, rel=1e-9)
+    assert analytic.exposed_comm_s["dp"] == pytest.approx(des.exposed_comm_s["dp"], rel=1e-9, abs=1e-12)
+    heavier = kept_work(m, gather_s, gather_s, grad_sync_s, buckets, 1.0, first_share, tail_share)
+    assert des.iteration_time_s <= run_pipeline(heavier).iteration_time_s + 1e-12
+
+
+@pytest.mark.parametrize(("kept", "backward_layers", "root_in_backward"), [
+    ("none", 40, True), ("root", 40, False), ("root_last_layer", 39, False),
+])
+def test_kept_units_leave_the_backward_gather(kept: str, backward_layers: int, root_in_backward: bool) -> None:
+    config = {**TITAN_70B, "model": {"name": "llama2-13b"},
+              "training": {**TITAN_70B["training"], "fsdp_kept_after_forward": kept}}
+    setup = parse_training(config)
+    links = group_links(setup, 0)
+    gathers = param_gather_work(setup, 0, links)
+    model, group = setup.model, links["dp"]
+    layer_params, table = model.layer_parameters(moe=False), model.vocab * model.hidden
+    layer_s = collective_time_s(Collective.ALL_GATHER, 2.0 * layer_params, group)
+    assert gathers.gathers[0].message_bytes == pytest.approx(2.0 * (40 * layer_params + 2 * table), rel=1e-12)
+    if root_in_backward:  # the B gathers what the F did
+        assert gathers.backward == ()
+        return
+    # the B gathers the layers not kept, the last first: no root, no last block where torchtitan keeps it
+    assert gathers.backward[0].message_bytes == pytest.approx(2.0 * backward_layers * layer_params, rel=1e-12)
+    assert gathers.backward[0].duration_s == pytest.approx(backward_layers * layer_s, rel=1e-12)
+    assert gathers.backward_first_unit_s == pytest.approx((layer_s,), rel=1e-12)
+    assert gathers.backward_tail_share == (1.0 / backward_layers,)
+    # less to gather before every B: no slower, in both fidelities, which agree
+    none = {**config, "training": {**config["training"], "fsdp_kept_after_forward": "none"}}
+    for fidelity in ("des", "analytic"):
+        assert simulate_training(config, RunOptions(fidelity=fidelity)).metrics()["iteration_time_s"] <= \
+            simulate_training(none, RunOptions(fidelity=fidelity)).metrics()["iteration_time_s"]
+    des = simulate_training(config, RunOptions(fidelity="des")).metrics()
+    analytic = simulate_training(config, RunOptions(fidelity="analytic")).metrics()
+    assert analytic["iteration_time_s"] == pytest.approx(des["iteration_time_s"], rel=0.001)
+
+
+@pytest.mark.parametrize(("framework", "kept"), [
+    ("torchtitan", "root_last_layer"), ("llm-foundry", "root"), ("megatron-core", "root"), ("deepspeed-zero-2021", "none"),
+])
+def test_each_stack_sets_the_units_it_keeps(framework: str, kept: str) -> None:
+    config = {**TITAN_70B, "training": {**TITAN_70B["training"], "framework": framework}}
+    assert parse_training(config).fsdp_kept_after_forward == kept
+
+
+def test_an_unknown_kept_unit_is_rejected_naming_the_allowed_values() -> None:
+    with pytest.raises(ConfigError, match=r"fsdp_kept_after_forward = 'all'; allowed: none, root, root_last_layer"):
+        parse_training({**TITAN_70B, "training": {**TITAN_70B["training"], "fsdp_kept_after_forward": "all"}})

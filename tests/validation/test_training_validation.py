@@ -96,13 +96,13 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
     assert MODERN_THRESHOLDS[0].max_mape <= 0.053 and MODERN_THRESHOLDS[0].max_row_error <= 0.131
-    # the torchtitan Llama 2 70B local-batch-1 row (+75.5 % at the EFA bandwidth measured on p4d) is the one row
+    # the torchtitan Llama 2 70B local-batch-1 row (+74.6 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
     excluded = {c.row for c in des.comparisons if c.excluded}
     assert excluded == {c.row for c in modern.comparisons if c.excluded} == {"titan-llama2-70b-op-ac"}
     assert len(des.rows("iteration_time_s")) == 34
-    assert 0.75 < des_errors["titan-llama2-70b-op-ac"] < 0.76
+    assert 0.74 < des_errors["titan-llama2-70b-op-ac"] < 0.76
     # the seven other torchtitan rows: +5.3..+12.2 % (all slow on EFA) with one gather per chunk; FSDP2's
     # per-block units (fsdp_unit "layer") expose only the first unit's gather: -9.5..+2.8 %; with their eager
     # elementwise chains and torch SDPA's copies (workloads.eager): -8.1..+2.8 %
