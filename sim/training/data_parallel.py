@@ -422,7 +422,7 @@ def param_gather_for_parameters(
     for (root, layers), chunk in zip(_chunk_parameters(setup, signature), signature):
         forward.append(gathered(root, layers))
         if kept != "none":
-            # before the B: the units not kept since the F, the LM head's first (backward order)
+            # before the B: the layers not kept since its F, the last first (the root unit is kept)
             last_kept = kept == "root_last_layer" and chunk[3] and layers
             backward.append(gathered(0.0, layers[::-1][1:] if last_kept else layers[::-1]))
     gathers = ParamGathers(*(tuple(column) for column in zip(*forward))) if forward else NO_GATHERS
