@@ -25,10 +25,10 @@ PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.04, max_row_error=0.09
 PAIR_NOTES = (
     "speedup = step of the base run / step of the changed run, both through `llmsim simulate`; the published "
     "ratio from the same table's two numbers. torch.compile on torchtitan (its eager RMSNorm, RoPE and SwiGLU "
-    "chains fused, workloads.eager): 1.170 / 1.172 against 1.157 / 1.162 (+1.1 / +0.8 %). fp8 (bf16 -> fp8 on "
+    "chains fused, workloads.eager): 1.169 / 1.171 against 1.157 / 1.162 (+1.0 / +0.7 %). fp8 (bf16 -> fp8 on "
     "the same plan): Transformer Engine's 405B on 2,304 H100 1.528 against 1.534 (-0.4 %; its plan is assumed; -3.6 % "
     "with its sequence-parallel gathers in bf16), "
-    "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.369 / 1.319 against 1.356 / 1.445 (+1.0 / "
+    "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.368 / 1.319 against 1.356 / 1.445 (+0.9 / "
     "-8.7 %) with its sequence-parallel all-gathers in fp8 (fp8_all_gather: torchao's Float8ColwiseParallel casts "
     "a column-parallel input to fp8 before gathering it, Float8RowwiseParallel an output gradient before its "
     "backward gather), 1.250 / 1.242 (-7.8 / -14.0 %) with them in bf16; the async-TP run still reads low, a "
