@@ -71,3 +71,19 @@ def test_the_last_bucket_is_exposed_after_the_backward(fidelity: str) -> None:
     exposed = simulate_training(config, RunOptions(fidelity=fidelity)).metrics()["exposed_communication_s"]["dp"]
     assert exposed >= last.duration_s + gather - 1e-12
     assert last.duration_s > 0.0
+
+
+def test_a_tied_table_closes_its_first_stage_once() -> None:
+    # gpt3-1.7b ties its embedding and LM head: one table on a one-stage plan, the first stage's copy under
+    # a pipeline (the last stage's copy is its LM head, reduced early)
+    base = {"model": {"name": "gpt3-1.7b"},
+            "cluster": {"gpu": "a100-sxm-80gb", "node": "dgx-a100", "network": "ib-hdr-fat-tree", "num_gpus": 16},
+            "training": {"seq_len": 2048, "global_batch": 16, "micro_batch": 1, "precision": "bf16"},
+            "parallel": {"tp": 1, "zero": 1}}
+    setup = parse_training({**base, "parallel": {**base["parallel"], "pp": 1}})
+    assert setup.model.tied_embeddings
+    table = setup.model.vocab * setup.model.hidden
+    assert closing_gradient_parameters(setup, stage_signatures(setup)[0]) == table
+    piped = parse_training({**base, "parallel": {**base["parallel"], "pp": 2}})
+    signatures = stage_signatures(piped)
+    assert [closing_gradient_parameters(piped, s) for s in signatures] == [table, 0.0]
