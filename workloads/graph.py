@@ -432,6 +432,13 @@ CROSS_ENTROPY_TORCH_BACKWARD_BYTES = 4.0 + 12.0 + 6.0
 # gradient (2) and _log_softmax_backward_data (2 + 2 + 2).
 CROSS_ENTROPY_TORCH_16BIT_FORWARD_BYTES = 2.0 + 2.0
 CROSS_ENTROPY_TORCH_16BIT_BACKWARD_BYTES = 2.0 + 6.0
+# flash-attention's xentropy kernel on the 16-bit logits (flash_attn.losses.cross_entropy, csrc/xentropy
+# of flash-attention v1.0.3: llm-foundry's default loss_fn "fused_crossentropy", llmfoundry/models/mpt/
+# modeling_mpt.py at 061f2c7c): cunn_SoftMaxXEntropyForward reads each row twice (its max and sum,
+# then the sum of exponentials: 2 + 2) and writes one loss and log-sum-exp per token;
+# cunn_SoftMaxXEntropyBackward reads the logits and writes their gradient (2 + 2).
+CROSS_ENTROPY_XENTROPY_FORWARD_BYTES = 2.0 + 2.0
+CROSS_ENTROPY_XENTROPY_BACKWARD_BYTES = 2.0 + 2.0
 # bytes per local logit (forward, backward) by implementation
 CROSS_ENTROPY_BYTES = {
     "unfused": (CROSS_ENTROPY_FORWARD_BYTES, CROSS_ENTROPY_BACKWARD_BYTES),
@@ -439,6 +446,7 @@ CROSS_ENTROPY_BYTES = {
     "te": (CROSS_ENTROPY_TE_FORWARD_BYTES, CROSS_ENTROPY_TE_BACKWARD_BYTES),
     "torch": (CROSS_ENTROPY_TORCH_FORWARD_BYTES, CROSS_ENTROPY_TORCH_BACKWARD_BYTES),
     "torch_16bit": (CROSS_ENTROPY_TORCH_16BIT_FORWARD_BYTES, CROSS_ENTROPY_TORCH_16BIT_BACKWARD_BYTES),
+    "xentropy": (CROSS_ENTROPY_XENTROPY_FORWARD_BYTES, CROSS_ENTROPY_XENTROPY_BACKWARD_BYTES),
 }
 
 

@@ -142,6 +142,9 @@ class TrainingJob:
     # saves (an eager RMSNorm keeps its fp32 input, torch SDPA the K and V repeated to the query heads)
     elementwise: str = "fused"
     attention_layout: str = "native"
+    # the LM-head loss's implementation (the stack setting ``cross_entropy``): what it moves and what it
+    # holds per logit (workloads.graph.CROSS_ENTROPY_BYTES, sim.training.activations.CROSS_ENTROPY_MEMORY)
+    cross_entropy: str = "unfused"
 
     def __post_init__(self) -> None:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:

@@ -47,7 +47,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_bf16_edge_layers": ("training", float),
         "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none")),
         "fp8_scale_update": ("training", ("per_module", "fused")),
-        "cross_entropy": ("training", ("unfused", "native", "te", "torch", "torch_16bit")),
+        "cross_entropy": ("training", ("unfused", "native", "te", "torch", "torch_16bit", "xentropy")),
         "qkv_split": ("training", ("none", "concat", "concat_copy_v")),
         "attention_layout": ("training", ("native", "flash_bshd", "torch_sdpa")),
         "elementwise": ("training", ("fused", "eager", "eager_fused_norm")),

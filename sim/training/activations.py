@@ -17,7 +17,29 @@ ACTIVATION_BYTES = 2.0  # 16-bit stored activations (Korthikanti 2022 §4: fp16 
 DROPOUT_MASK_BYTES = 1.0  # one byte per mask element (Korthikanti 2022 §4.1)
 SOFTMAX_LSE_BYTES = 4.0  # FlashAttention saves an fp32 log-sum-exp per query and head for backward
 TOKEN_ID_BYTES = 8.0  # int64 token ids: Megatron theoretical_memory_usage.py "8 * s * b * p"
-LOGITS_BYTES = 4.0  # fp32 logits / CE inputs: Megatron theoretical_memory_usage.py 4*s*b*h*(1 + V/h)
+LOGITS_BYTES = 4.0  # fp32 LM-head inputs: Megatron theoretical_memory_usage.py 4*s*b*h*(1 + V/h)
+# Bytes per local logit the loss holds, by implementation (the stack setting ``cross_entropy``):
+# (kept for its backward per micro-batch in flight, at its peak: one micro-batch's, while every layer's
+# activations are still held). "unfused", Megatron's vocab-parallel cross-entropy
+# (megatron/core/tensor_parallel/cross_entropy.py at core_r0.8.0): the fp32 copy of the 16-bit logits
+# becomes the softmax in place (-=, exp(out=), div_: 4 kept) beside the 16-bit logits the caller holds
+# (2); backward turns it into the gradient in place and casts it to 16 bits (4 + 2). "native", its
+# torch.compile'd fusion, the same buffers. "te", Transformer Engine's Triton kernel writes the
+# gradient over the 16-bit logits in forward (2). "torch", F.cross_entropy on fp32 logits
+# (torchtitan's pred.float(), Composer under bf16 autocast): _log_softmax keeps its fp32 output (4);
+# forward holds the 16-bit logits, their fp32 copy and that output (2 + 4 + 4); backward
+# nll_loss_backward's dense fp32 gradient, the kept output and _log_softmax_backward_data's fp32
+# result are live at once (4 + 4 + 4). "torch_16bit", the same in the logits' 16 bits (2 kept; 2 + 2 + 2).
+# "xentropy", flash-attention's kernel: it keeps the 16-bit logits and writes their gradient beside
+# them in backward (2 kept; 2 + 2).
+CROSS_ENTROPY_MEMORY = {
+    "unfused": (4.0, 4.0 + 2.0),
+    "native": (4.0, 4.0 + 2.0),
+    "te": (2.0, 2.0),
+    "torch": (4.0, 4.0 + 4.0 + 4.0),
+    "torch_16bit": (2.0, 2.0 + 2.0 + 2.0),
+    "xentropy": (2.0, 2.0 + 2.0),
+}
 FP8_SAVED_INPUT_BYTES = 1.0  # a Linear input saved for backward as its fp8 cast (fp8 training)
 ROUTER_PROB_BYTES = 4.0  # fp32 router softmax per token and expert (Megatron-Core router computes in fp32)
 

@@ -179,10 +179,6 @@ class TrainingSetup:
     # delayed scaling's amax-history / scale update: "per_module" (each fp8 module, each pass: TE of
     # 2023) | "fused" (once per fp8_autocast, not priced); see sim.training.costs.fp8_scale_update_ops
     fp8_scale_update: str = "fused"
-    # the LM-head loss: "unfused" (Megatron's vocab-parallel cross-entropy), "native" (Megatron-Core
-    # cross_entropy_loss_fusion, torch.compile'd) or "te" (Transformer Engine's Triton kernel); bytes
-    # per logit in workloads.graph.CROSS_ENTROPY_BYTES
-    cross_entropy: str = "unfused"
     # accumulation of the fp8 dgrad and wgrad GEMMs (precision "fp8" only): "split" (partial sums
     # promoted to fp32, Transformer Engine's _2X_ACC_DGRAD/_2X_ACC_WGRAD, torchao's grad_input and
     # grad_weight without use_fast_accum) | "fast"; forward GEMMs use fast accumulation in both
@@ -224,6 +220,14 @@ class TrainingSetup:
         chain: fused CUDA / Triton kernels, torch.compile) | "eager" (PyTorch eager: one ATen kernel
         per op) | "eager_fused_norm" (eager, the norms one fused kernel); see workloads.eager."""
         return self.job.elementwise
+
+    @property
+    def cross_entropy(self) -> str:
+        """The LM-head loss: "unfused" (Megatron's vocab-parallel cross-entropy), "native" (Megatron-Core
+        cross_entropy_loss_fusion, torch.compile'd), "te" (Transformer Engine's Triton kernel), "torch"
+        / "torch_16bit" (PyTorch's F.cross_entropy on fp32 / 16-bit logits); bytes per logit moved in
+        workloads.graph.CROSS_ENTROPY_BYTES, held in sim.training.activations.CROSS_ENTROPY_MEMORY."""
+        return self.job.cross_entropy
 
     @property
     def fused_attention(self) -> bool:
@@ -403,7 +407,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
     job = replace(job, precision=precision, grad_reduce_dtype=grad_reduce,
                   fp8_params=settings["fp8_params"] and precision == "fp8",
                   selective_recompute=settings["selective_recompute"],
-                  elementwise=_elementwise(training, settings["elementwise"]), attention_layout=settings["attention_layout"])
+                  elementwise=_elementwise(training, settings["elementwise"]), attention_layout=settings["attention_layout"],
+                  cross_entropy=settings["cross_entropy"])
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -471,7 +476,6 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         fp8_cast_fusion=settings["fp8_cast_fusion"],
         fp8_all_gather=settings["fp8_all_gather"],
         fp8_scale_update=settings["fp8_scale_update"],
-        cross_entropy=settings["cross_entropy"],
         fp8_backward_accumulation=settings["fp8_backward_accumulation"],
         fp8_bf16_edge_layers=_edge_layers(settings["fp8_bf16_edge_layers"], model),
         host_forward_op_s=settings["host_forward_op_us"] * units.us,

@@ -79,7 +79,7 @@ def test_limits_are_printed_with_their_own_digits(report: SuiteReport) -> None:
 
 
 def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None:
-    # published-training.md A9-A13 through the user path (5.1 %, worst 13.0 %, signed -4.1 %): these bounds
+    # published-training.md A9-A13 through the user path (5.2 %, worst 14.5 %, signed -4.3 %): these bounds
     # only stop regressions, MISSING_MECHANISMS says what is not modelled
     from validation.training_suite import MODERN_THRESHOLDS, run_training_modern_suite
 
@@ -95,7 +95,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.053 and MODERN_THRESHOLDS[0].max_row_error <= 0.131
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.054 and MODERN_THRESHOLDS[0].max_row_error <= 0.146
     # the torchtitan Llama 2 70B local-batch-1 row (+74.6 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
@@ -147,8 +147,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
     # per-block FSDP units (its whole-model first gather is no longer exposed); -12.9 % with torch's own
-    # cross-entropy kernels (cross_entropy "torch": 36 bytes per logit, not Megatron's unfused 52)
-    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.13
+    # cross-entropy kernels (cross_entropy "torch": 36 bytes per logit, not Megatron's unfused 52); -13.2 %
+    # with llm-foundry's default fused_crossentropy (flash-attention's xentropy kernel, 8 bytes per logit)
+    assert abs(errors["foundry-mpt-13b-h100-8"]) <= 0.135
     # llm-foundry's MP Mode column: PURE (16-bit reduction) on the older A100 rows; DEFAULT elsewhere, which
     # Composer up to v0.16.3 (before its 2023-10-10 patch) also reduced in 16 bits: the profile's rule
     from sim.training.config import parse_training
