@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workloads.errors import InvalidPlanError
+from workloads.graph import CROSS_ENTROPY_BYTES
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "v-half", "v-min", "bfs", "hanayo")
 SCHEDULE_FILE_PREFIX = "file:"  # schedule = "file:PATH": a schedule program from a JSON file
@@ -169,6 +170,10 @@ class TrainingJob:
             raise InvalidPlanError(f"training.fp8_params needs precision 'fp8', not '{self.precision}'")
         if self.optimizer not in ("adam", "sgd"):
             raise InvalidPlanError(f"training.optimizer = '{self.optimizer}' must be 'adam' or 'sgd'")
+        if self.cross_entropy not in CROSS_ENTROPY_BYTES:
+            raise InvalidPlanError(
+                f"training.cross_entropy = {self.cross_entropy!r} must be one of {', '.join(CROSS_ENTROPY_BYTES)}"
+            )
 
     def num_microbatches(self, dp: int) -> int:
         """Micro-batches per pipeline per iteration, m = global_batch / (dp * micro_batch)."""

@@ -344,3 +344,29 @@ def test_leading_dense_layers_of_an_moe_model() -> None:
     h, f, f_e, tokens = moe.hidden, moe.ffn_hidden, moe.expert_ffn_hidden, 2048
     expected = tokens * (2 * (4 * h + 4 * f_e) + 4 * moe.experts - 4 * f)
     assert moe_act - dense_act == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("schedule", "live"), [("1f1b", 1), ("gpipe", 4)])
+def test_the_loss_holds_what_its_implementation_holds(schedule: str, live: int) -> None:
+    # one stage (embedding and LM head on it), 4 micro-batches of 2 x 2048 tokens, vocabulary 51,200 at TP 2:
+    # the 'other' bytes differ between two losses by live x (kept difference) + (peak - kept difference)
+    # per local logit (sim.training.activations.CROSS_ENTROPY_MEMORY)
+    from sim.training.activations import CROSS_ENTROPY_MEMORY
+
+    model = gpt("22B", 64, 6144, 4)
+    plan = ParallelPlan(tp=2, schedule=schedule)
+    other = {}
+    for loss in ("te", "unfused", "torch", "xentropy"):
+        job = TrainingJob(seq_len=2048, global_batch=8, micro_batch=2, cross_entropy=loss)
+        (stage,) = memory_per_stage(model, plan, job, capacity_bytes=A100_80GB)
+        other[loss] = stage.other_bytes
+    logits = 2 * 2048 * 51200 / 2
+    for loss in ("unfused", "torch", "xentropy"):
+        kept, peak = CROSS_ENTROPY_MEMORY[loss]
+        te_kept, te_peak = CROSS_ENTROPY_MEMORY["te"]
+        expected = (live * (kept - te_kept) + (peak - kept) - (te_peak - te_kept)) * logits
+        assert other[loss] - other["te"] == pytest.approx(expected, rel=1e-12)
+    # torch's F.cross_entropy on fp32 logits holds three fp32 tensors of them at once in its backward
+    assert CROSS_ENTROPY_MEMORY["torch"] == (4.0, 12.0)
+    with pytest.raises(InvalidPlanError, match="cross_entropy"):
+        TrainingJob(seq_len=2048, global_batch=8, micro_batch=2, cross_entropy="fused")
