@@ -225,7 +225,8 @@ class TrainingSetup:
     def cross_entropy(self) -> str:
         """The LM-head loss: "unfused" (Megatron's vocab-parallel cross-entropy), "native" (Megatron-Core
         cross_entropy_loss_fusion, torch.compile'd), "te" (Transformer Engine's Triton kernel), "torch"
-        / "torch_16bit" (PyTorch's F.cross_entropy on fp32 / 16-bit logits); bytes per logit moved in
+        / "torch_16bit" (PyTorch's F.cross_entropy on fp32 / 16-bit logits), "xentropy" (flash-attention's
+        xentropy kernel on the 16-bit logits, llm-foundry's fused_crossentropy); bytes per logit moved in
         workloads.graph.CROSS_ENTROPY_BYTES, held in sim.training.activations.CROSS_ENTROPY_MEMORY."""
         return self.job.cross_entropy
 
