@@ -492,16 +492,18 @@ def lm_head_ops(
     return ops
 
 
-def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = ()) -> tuple[list[Op], list[Op]]:
-    """(B, W) ops of a forward op list, in backward order; ``recompute`` forward ops run first in B."""
+def backward_ops(forward: Sequence[Op], *, recompute: Sequence[Op] = (), regather: bool = True) -> tuple[list[Op], list[Op]]:
+    """(B, W) ops of a forward op list, in backward order; ``recompute`` forward ops run first in B.
+    ``regather``: a GEMM whose input was gathered over TP gathers it again for its weight gradient
+    (the stack kept the sequence shard); False: the gathered input was saved (torch DTensor TP)."""
     b_ops: list[Op] = [replace(op, name=f"recompute_{op.name}", recompute=True) for op in recompute]
     w_ops: list[Op] = []
     for index in range(len(forward) - 1, -1, -1):
         op = forward[index]
         if op.kind == "gemm":
             before = forward[index - 1] if index > 0 else None
-            if op.weight and before is not None and before.kind == "collective" and before.collective == "all_gather" \
-                    and before.axis == "tp":
+            if regather and op.weight and before is not None and before.kind == "collective" \
+                    and before.collective == "all_gather" and before.axis == "tp":
                 # sequence parallel keeps the GEMM's input sharded: the weight gradient needs it whole, so
                 # backward gathers it again beside the input-gradient GEMM (Megatron
                 # LinearWithGradAccumulationAndAsyncCommunication, TE LayerNormLinear backward)

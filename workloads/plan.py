@@ -16,6 +16,7 @@ OFFLOAD = ("none", "optimizer", "optimizer+params", "nvme")
 CP_COMM = ("ring", "all_gather", "ulysses", "hybrid")
 CP_COMM_SPELLINGS = {"all-gather": "all_gather"}  # INTERFACE.md writes the K/V all-gather hyphenated
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
+TP_GATHERED_INPUTS = ("regather", "save")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # what ``recompute = "selective"`` keeps (the stack's selective_recompute): Megatron's attention-core
 # recomputation (Korthikanti et al. 2022) or PyTorch per-op selective checkpointing as torchtitan
@@ -146,6 +147,11 @@ class TrainingJob:
     # the LM-head loss's implementation (the stack setting ``cross_entropy``): what it moves and what it
     # holds per logit (workloads.graph.CROSS_ENTROPY_BYTES, sim.training.activations.CROSS_ENTROPY_MEMORY)
     cross_entropy: str = "unfused"
+    # what a column-parallel linear keeps of its sequence-parallel gathered input for its weight gradient
+    # (the stack setting ``tp_gathered_input``): "regather" (Megatron and Transformer Engine keep the
+    # sequence shard and gather it again in backward) | "save" (torch's DTensor TP: the matmul saves the
+    # gathered input, nothing is gathered again)
+    tp_gathered_input: str = "regather"
 
     def __post_init__(self) -> None:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
@@ -170,6 +176,10 @@ class TrainingJob:
             raise InvalidPlanError(f"training.fp8_params needs precision 'fp8', not '{self.precision}'")
         if self.optimizer not in ("adam", "sgd"):
             raise InvalidPlanError(f"training.optimizer = '{self.optimizer}' must be 'adam' or 'sgd'")
+        if self.tp_gathered_input not in TP_GATHERED_INPUTS:
+            raise InvalidPlanError(
+                f"training.tp_gathered_input = {self.tp_gathered_input!r} must be one of {', '.join(TP_GATHERED_INPUTS)}"
+            )
         if self.cross_entropy not in CROSS_ENTROPY_BYTES:
             raise InvalidPlanError(
                 f"training.cross_entropy = {self.cross_entropy!r} must be one of {', '.join(CROSS_ENTROPY_BYTES)}"

@@ -38,6 +38,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "grad_buffer_passes": ("training", ("shard", "megatron_ddp")),
         "fsdp_unit": ("training", ("layer", "chunk")),
         "fsdp_kept_after_forward": ("training", ("none", "root", "root_last_layer")),
+        "tp_gathered_input": ("training", ("regather", "save")),
         "param_gather_pacing": ("training", ("bucket", "free")),
         "linear_bias": ("training", ("fused", "unfused", "skip_bias_add")),
         "fp8_recipe": ("training", ("delayed", "current")),

@@ -81,10 +81,11 @@ def layer_activation_parts(
     # inputs of the layer norms; an eager RMSNorm keeps its fp32 input and its 16-bit output instead
     eager_norm = job.elementwise == "eager" and model.norm == "rmsnorm"
     replicated = norms * (RMSNORM_SAVED_BYTES if eager_norm else a) * tokens * h
-    replicated += g * tokens * h  # QKV-projection input
-    if not model.parallel_block:
-        replicated += g * tokens * h  # fc1 / router input (parallel blocks share the QKV input)
     replicated += 2 * mask * tokens * h  # dropout masks after attention and after the MLP
+    # the QKV-projection input and the fc1 / router input (parallel blocks share the QKV input): with
+    # sequence parallelism the shard (Megatron re-gathers it for the weight gradient) or, where the
+    # stack's matmul saves the gathered tensor (tp_gathered_input "save", torch DTensor TP), all of it
+    gathered = (1 if model.parallel_block else 2) * g * tokens * h
 
     # split across TP ranks (the "24" of Korthikanti's TP formula for a 4h GeLU MLP)
     if model.is_mla:
@@ -131,8 +132,10 @@ def layer_activation_parts(
 
     if plan.sequence_parallel:
         replicated /= t
+        if job.tp_gathered_input == "regather":
+            gathered /= t
     layer_input = a * tokens * h / (t if plan.sequence_parallel else 1)
-    full = replicated + split + core
+    full = replicated + gathered + split + core
     if job.selective_recompute == "per_op":
         selective = layer_input + per_op_saved_bytes(model, plan, job, moe=moe, flash_attention=flash_attention)
     else:

@@ -26,7 +26,7 @@ TRAINING_KEYS = (
     "grad_reduce_dtype", "main_grad_accumulation", "optimizer_kernels", "grad_buffer_passes", "linear_bias", "fp8_recipe", "fp8_params", "fp8_bf16_edge_layers",
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
-    "param_gather_pacing", "elementwise", "compile", "fp8_all_gather", "fsdp_kept_after_forward",
+    "param_gather_pacing", "elementwise", "compile", "fp8_all_gather", "fsdp_kept_after_forward", "tp_gathered_input",
     "failures", "dropout",
 )
 PARALLEL_KEYS = (
@@ -231,6 +231,13 @@ class TrainingSetup:
         return self.job.cross_entropy
 
     @property
+    def tp_gathered_input(self) -> str:
+        """What a column-parallel linear keeps of its sequence-parallel gathered input: "regather"
+        (Megatron, Transformer Engine: the shard, gathered again in backward) | "save" (torch DTensor
+        TP: the gathered input the matmul saves); see workloads.plan.TrainingJob."""
+        return self.job.tp_gathered_input
+
+    @property
     def fused_attention(self) -> bool:
         """Whether attention runs as one fused kernel (no scores in memory)."""
         return self.attention_kernel != "unfused"
@@ -409,7 +416,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
                   fp8_params=settings["fp8_params"] and precision == "fp8",
                   selective_recompute=settings["selective_recompute"],
                   elementwise=_elementwise(training, settings["elementwise"]), attention_layout=settings["attention_layout"],
-                  cross_entropy=settings["cross_entropy"])
+                  cross_entropy=settings["cross_entropy"], tp_gathered_input=settings["tp_gathered_input"])
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):

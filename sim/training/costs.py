@@ -226,7 +226,8 @@ def layer_passes(
     # a split into views runs no forward kernel (nor a recomputed one); its backward concatenation
     # is in b_ops
     views = [op for op in forward if op.name == QKV_SPLIT_OP and op.bytes_moved == 0.0]
-    b_ops, w_ops = backward_ops(forward, recompute=[op for op in recompute if op not in views])
+    b_ops, w_ops = backward_ops(forward, recompute=[op for op in recompute if op not in views],
+                                regather=setup.tp_gathered_input == "regather")
     forward = [op for op in forward if op not in views]
     if setup.linear_bias in ("unfused", "skip_bias_add"):
         w_ops = w_ops + unfused_bias_gradient_ops(setup, forward)
@@ -1042,7 +1043,7 @@ def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list
         if job.precision == "fp8":
             # Megatron's output layer is not a Transformer Engine fp8 module: the LM head runs 16-bit
             forward = [replace(op, precision="bf16") if op.kind == "gemm" else op for op in forward]
-        b_ops, w_ops = backward_ops(forward)
+        b_ops, w_ops = backward_ops(forward, regather=setup.tp_gathered_input == "regather")
         out.append((forward, b_ops, accumulate_main_grads(setup, w_ops)))
     return out
 

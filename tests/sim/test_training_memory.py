@@ -370,3 +370,45 @@ def test_the_loss_holds_what_its_implementation_holds(schedule: str, live: int) 
     assert CROSS_ENTROPY_MEMORY["torch"] == (4.0, 12.0)
     with pytest.raises(InvalidPlanError, match="cross_entropy"):
         TrainingJob(seq_len=2048, global_batch=8, micro_batch=2, cross_entropy="fused")
+
+
+def test_a_stack_that_saves_its_gathered_inputs_keeps_them_whole() -> None:
+    # sequence parallel at TP 8: Megatron keeps the QKV and fc1 inputs' sequence shard and gathers them
+    # again for the weight gradient; torch DTensor TP saves the gathered tensors (tp_gathered_input "save")
+    from sim.training.activations import layer_activation_parts
+    from workloads.graph import backward_ops
+
+    model = gpt("22B", 64, 6144, 4)
+    plan = ParallelPlan(tp=8, sequence_parallel=True)
+    regather = TrainingJob(seq_len=2048, global_batch=1, micro_batch=1)
+    save = dataclasses.replace(regather, tp_gathered_input="save")
+    shard, whole = (layer_activation_parts(model, plan, job, moe=False, flash_attention=True, dropout=False)
+                    for job in (regather, save))
+    gathered = 2 * 2.0 * 2048 * 6144  # two 16-bit inputs of the full sequence
+    assert whole.full_bytes - shard.full_bytes == pytest.approx(gathered * (1 - 1 / 8), rel=1e-12)
+    assert whole.input_bytes == shard.input_bytes  # the layer input stays the shard either way
+    with pytest.raises(InvalidPlanError, match="tp_gathered_input"):
+        dataclasses.replace(regather, tp_gathered_input="keep")
+    # and the backward gathers nothing again
+    from sim.training.config import parse_training
+    from sim.training.costs import layer_kind_ops
+
+    config = {"model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+              "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1},
+              "parallel": {"tp": 8, "sequence_parallel": True}}
+    for value, regathers in (("regather", 2), ("save", 0)):
+        setup = parse_training({**config, "training": {**config["training"], "tp_gathered_input": value}})
+        forward, b_ops, _ = layer_kind_ops(setup, (False, False, False))
+        assert sum(op.name.endswith("_regather") for op in b_ops) == regathers, value
+    assert backward_ops([], regather=False) == ([], [])
+
+
+@pytest.mark.parametrize(("framework", "value"), [("torchtitan", "save"), ("llm-foundry", "save"),
+                                                 ("megatron-core", "regather"), ("nemo", "regather")])
+def test_each_stack_sets_what_it_keeps_of_its_gathered_inputs(framework: str, value: str) -> None:
+    from sim.training.config import parse_training
+
+    config = {"model": {"name": "llama3-8b"}, "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 8},
+              "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1, "framework": framework},
+              "parallel": {"tp": 8, "sequence_parallel": True}}
+    assert parse_training(config).tp_gathered_input == value

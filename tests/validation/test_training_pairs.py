@@ -29,7 +29,7 @@ def test_every_pair_runs_fits_and_is_counted(report: SuiteReport) -> None:
 def test_thresholds_hold_at_both_fidelities(report: SuiteReport) -> None:
     analytic = run_training_pairs_suite(fidelity="analytic")
     assert not report.failures() and not analytic.failures(), (report.failures(), analytic.failures())
-    assert PAIR_THRESHOLDS[0].max_mape <= 0.04 and PAIR_THRESHOLDS[0].max_row_error <= 0.09
+    assert PAIR_THRESHOLDS[0].max_mape <= 0.04 and PAIR_THRESHOLDS[0].max_row_error <= 0.092
     errors = {c.row.split(":")[0]: c.error for c in report.rows("speedup")}
     # torch.compile of torchtitan's eager chains (workloads.eager) within 1.5 %
     assert abs(errors["titan-llama31-8b-fsdp8"]) < 0.015 and abs(errors["titan-llama31-8b-fsdp128"]) < 0.015
@@ -64,12 +64,13 @@ def test_published_peak_memory_of_both_runs_through_the_user_path(report: SuiteR
     # 96 GB part: 82.4 / 77.0 GiB on 8 GPUs (eager / compile), 67.0 / 62.0 on 128. Each run's predicted
     # peak is its `llmsim simulate` peak_memory_bytes; within 4 % with torch's cross-entropy holding
     # 12 B per logit at its peak (CROSS_ENTROPY_MEMORY), 17-27 % low when the loss held Megatron's 4 B.
-    # Table 1's 70B FSDP 32 x TP 8 float8 full-AC runs (71.9 / 67.6 GiB) read 15-20 % low: reported
+    # Table 1's 70B FSDP 32 x TP 8 float8 full-AC runs (71.9 / 67.6 GiB) read 12-18 % low: reported (15-20 %
+    # before torch's TP kept its gathered inputs whole, tp_gathered_input "save")
     memory = report.rows("peak_memory_bytes")
     assert [c.published / units.GiB for c in memory] == pytest.approx([82.4, 77.0, 67.0, 62.0, 71.9, 67.6])
     assert all(abs(c.error) < 0.04 for c in memory[:4]), [(c.row, c.error) for c in memory]
-    assert all(-0.21 < c.error < -0.14 for c in memory[4:]), [(c.row, c.error) for c in memory]
-    assert PAIR_THRESHOLDS[1].metric == "peak_memory_bytes" and PAIR_THRESHOLDS[1].max_row_error <= 0.202
+    assert all(-0.19 < c.error < -0.11 for c in memory[4:]), [(c.row, c.error) for c in memory]
+    assert PAIR_THRESHOLDS[1].metric == "peak_memory_bytes" and PAIR_THRESHOLDS[1].max_row_error <= 0.178
     row = published_rows("training_pairs.csv")[1]
     base = json.loads(row["base"])
     assert memory[0].predicted == simulate(base, RunOptions(fidelity="des")).metrics()["peak_memory_bytes"]
