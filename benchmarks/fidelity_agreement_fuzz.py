@@ -13,10 +13,10 @@ takes, once per fidelity.
     PYTHONPATH=. python benchmarks/fidelity_agreement_fuzz.py [--plans N] [--seed S] [--workers W] [--worst K]
 
 On merged main (2026-12, 2-core machine, 2 workers, about four minutes), 15,000 configs of seed 1:
-the 9,988 ZeRO 0-2 plans read 0.33 % from the DES on average, 72 beyond 5 % and 14 beyond 10 %, worst
-+19.3 % (breadth-first, Hanayo, ZB-V and V-Half plans of few micro-batches: the closed form counts
+the 9,988 ZeRO 0-2 plans read 0.33 % from the DES on average, 73 beyond 5 % and 14 beyond 10 %, worst
++19.2 % (breadth-first, Hanayo, ZB-V and V-Half plans of few micro-batches: the closed form counts
 their buckets against dense compute where the stage idles between its last gradient ops); the 2,582
-ZeRO-3 plans 1.96 %, 79 beyond 10 %, worst +54.8 % (ZB-H2 on a split of 28 to 1 layers per stage).
+ZeRO-3 plans 1.94 %, 79 beyond 10 %, worst +54.8 % (ZB-H2 on a split of 28 to 1 layers per stage).
 The code before pricing differing 1F1B / GPipe stages on their longest paths (2ae7f3d, the same draw):
 ZeRO 0-2 0.47 %, 160 beyond 5 %, 39 beyond 10 %, worst +24.2 % (1F1B); ZeRO-3 2.04 %, 84 beyond 10 %.
 """
