@@ -24,10 +24,10 @@ from sim.runner import RunOptions, simulate
 from validation.published import Comparison, SuiteReport, Threshold, with_calibration
 from validation.training_suite import published_rows
 
-# 3.9 % / 9.1 % at the DES and the analytic fidelity (the notes give each pair); peak memory 7.2 % / 17.7 %
-# (the torchtitan 8B FSDP runs within 3.8 %, the 70B FSDP 32 x TP 8 float8 runs -17.7 / -12.4 %)
+# 3.9 % / 9.1 % at the DES and the analytic fidelity (the notes give each pair); peak memory 6.5 % / 15.6 %
+# (the torchtitan 8B FSDP runs within 3.8 %, the 70B FSDP 32 x TP 8 float8 runs -15.6 / -10.2 %)
 PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.04, max_row_error=0.092),
-                   Threshold(metric="peak_memory_bytes", max_mape=0.073, max_row_error=0.178))
+                   Threshold(metric="peak_memory_bytes", max_mape=0.066, max_row_error=0.157))
 PAIR_NOTES = (
     "speedup = step of the base run / step of the changed run, both through `llmsim simulate`; the published "
     "ratio from the same table's two numbers. torch.compile on torchtitan (its eager RMSNorm, RoPE and SwiGLU "
@@ -57,11 +57,11 @@ PAIR_NOTES = (
     "sim.training.activations.CROSS_ENTROPY_MEMORY); with the 4 B of Megatron's formula they had read "
     "64.6 / 64.1 and 48.8 / 48.3 GiB (-21.6 / -16.8 / -27.2 / -22.1 %). The compiled runs' 5 GiB less is not "
     "modelled (0.5 GiB predicted: the eager RMSNorm's saved fp32 input). Table 1's Llama 3.1 70B runs (FSDP 32 x "
-    "TP 8, compile, Float8, full checkpointing, local batch 16) read low, 59.2 GiB against 71.9 / 67.6 (-17.7 / "
-    "-12.4 %; 57.4 GiB before torch's TP kept its gathered inputs whole, tp_gathered_input 'save': DTensor's "
-    "ColwiseParallel matmuls save the all-gathered QKV and fc1 inputs, where Megatron keeps the sequence shard "
-    "and gathers it again in backward, so the recomputed layer holds them whole and no re-gather runs; what "
-    "else they hold is not found), and their async-TP speedup with that software, 1.057, reads +6.9 % (the "
+    "TP 8, compile, Float8, full checkpointing, local batch 16) read low, 60.7 GiB against 71.9 / 67.6 (-15.6 / "
+    "-10.2 %; 57.4 GiB before torch's TP kept its gathered inputs whole, tp_gathered_input 'save': DTensor's "
+    "ColwiseParallel matmuls save the all-gathered QKV, fc1 and LM-head inputs, where Megatron keeps the "
+    "sequence shard and gathers it again in backward, so the recomputed layer and the LM head hold them whole "
+    "and no re-gather runs; what else they hold is not found), and their async-TP speedup with that software, 1.057, reads +6.9 % (the "
     "2025-06 benchmark's 1.164 for the same pair reads -2.9 %). Without the re-gathers the torchtitan TP pairs "
     "read 1.173 / 1.130 / 1.167 for async TP (+7.4 / -2.9 / +6.2 %) and 1.363 / 1.313 for float8 (+0.5 / -9.1 %). The runs must fit the published part's 96 GB (memory_capacity_GiB), not the "
     "catalog's 80 GB H100 standing in for it",

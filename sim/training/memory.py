@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from hardware.units import MB, MiB, GB
 from sim.training.activations import (
+    ACTIVATION_BYTES,
     CROSS_ENTROPY_MEMORY,
     DROPOUT_MASK_BYTES,
     LOGITS_BYTES,
@@ -319,15 +320,19 @@ def stage_memory_terms(
         recompute_working = max(recompute_working, parts.full_bytes - parts.input_bytes)
 
     # LM-head inputs and logits on the last stage: 4 s b h / t (Megatron theoretical_memory_usage.py's
-    # 4 s b h (1 + V/h) / t, its logits term replaced by the loss's own, CROSS_ENTROPY_MEMORY) for as many
-    # micro-batches as the schedule program keeps in flight on the last chunk (every micro-batch under
-    # gpipe and bfs, one under the 1F1B family), plus one micro-batch's loss at its peak
+    # 4 s b h (1 + V/h) / t, its logits term replaced by the loss's own, CROSS_ENTROPY_MEMORY; under
+    # sequence parallelism a stack that saves its gathered inputs, tp_gathered_input "save", keeps the
+    # LM head's gathered 16-bit input whole) for as many micro-batches as the schedule program keeps in
+    # flight on the last chunk (every micro-batch under gpipe and bfs, one under the 1F1B family), plus
+    # one micro-batch's loss at its peak
     logits = 0.0
     if last:
         live = plan_occupancy(plan, job.num_microbatches(plan.dp)).last_chunk_inflight
         kept, peak = CROSS_ENTROPY_MEMORY[job.cross_entropy]
         local_logits = tokens * model.vocab / (split * t)
-        logits = live * (LOGITS_BYTES * tokens * model.hidden / t + kept * local_logits) + (peak - kept) * local_logits
+        saved_whole = plan.sequence_parallel and t > 1 and job.tp_gathered_input == "save"
+        head_input = ACTIVATION_BYTES * tokens * model.hidden if saved_whole else LOGITS_BYTES * tokens * model.hidden / t
+        logits = live * (head_input + kept * local_logits) + (peak - kept) * local_logits
     return StageMemoryTerms(
         dense, expert, matmul, largest_layer, stored_per_microbatch, tokens if first else 0.0, first_bytes_per_token,
         recompute_working, logits,

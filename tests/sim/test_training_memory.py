@@ -387,6 +387,11 @@ def test_a_stack_that_saves_its_gathered_inputs_keeps_them_whole() -> None:
     gathered = 2 * 2.0 * 2048 * 6144  # two 16-bit inputs of the full sequence
     assert whole.full_bytes - shard.full_bytes == pytest.approx(gathered * (1 - 1 / 8), rel=1e-12)
     assert whole.input_bytes == shard.input_bytes  # the layer input stays the shard either way
+    # the LM head's gathered 16-bit input is kept whole too, where Megatron's formula counts 4 B / t
+    (stage_shard,), (stage_whole,) = (memory_per_stage(model, plan, job, capacity_bytes=A100_80GB)
+                                      for job in (regather, save))
+    head = 2.0 * 2048 * 6144 - 4.0 * 2048 * 6144 / 8
+    assert stage_whole.other_bytes - stage_shard.other_bytes == pytest.approx(head, rel=1e-12)
     with pytest.raises(InvalidPlanError, match="tp_gathered_input"):
         dataclasses.replace(regather, tp_gathered_input="keep")
     # and the backward gathers nothing again

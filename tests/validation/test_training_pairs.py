@@ -64,13 +64,13 @@ def test_published_peak_memory_of_both_runs_through_the_user_path(report: SuiteR
     # 96 GB part: 82.4 / 77.0 GiB on 8 GPUs (eager / compile), 67.0 / 62.0 on 128. Each run's predicted
     # peak is its `llmsim simulate` peak_memory_bytes; within 4 % with torch's cross-entropy holding
     # 12 B per logit at its peak (CROSS_ENTROPY_MEMORY), 17-27 % low when the loss held Megatron's 4 B.
-    # Table 1's 70B FSDP 32 x TP 8 float8 full-AC runs (71.9 / 67.6 GiB) read 12-18 % low: reported (15-20 %
+    # Table 1's 70B FSDP 32 x TP 8 float8 full-AC runs (71.9 / 67.6 GiB) read 10-16 % low: reported (15-20 %
     # before torch's TP kept its gathered inputs whole, tp_gathered_input "save")
     memory = report.rows("peak_memory_bytes")
     assert [c.published / units.GiB for c in memory] == pytest.approx([82.4, 77.0, 67.0, 62.0, 71.9, 67.6])
     assert all(abs(c.error) < 0.04 for c in memory[:4]), [(c.row, c.error) for c in memory]
-    assert all(-0.19 < c.error < -0.11 for c in memory[4:]), [(c.row, c.error) for c in memory]
-    assert PAIR_THRESHOLDS[1].metric == "peak_memory_bytes" and PAIR_THRESHOLDS[1].max_row_error <= 0.178
+    assert all(-0.17 < c.error < -0.09 for c in memory[4:]), [(c.row, c.error) for c in memory]
+    assert PAIR_THRESHOLDS[1].metric == "peak_memory_bytes" and PAIR_THRESHOLDS[1].max_row_error <= 0.157
     row = published_rows("training_pairs.csv")[1]
     base = json.loads(row["base"])
     assert memory[0].predicted == simulate(base, RunOptions(fidelity="des")).metrics()["peak_memory_bytes"]
