@@ -164,26 +164,15 @@ class TrainingJob:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise InvalidPlanError(f"training.{name} = {value!r} must be a positive integer")
-        if self.precision not in TRAINING_PRECISIONS:
-            raise InvalidPlanError(
-                f"training.precision = '{self.precision}' must be one of {', '.join(TRAINING_PRECISIONS)}"
-            )
-        if self.grad_reduce_dtype not in GRAD_REDUCE_DTYPES:
-            raise InvalidPlanError(
-                f"training.grad_reduce_dtype = '{self.grad_reduce_dtype}' must be one of {', '.join(GRAD_REDUCE_DTYPES)}"
-            )
+        for name, allowed in (("precision", TRAINING_PRECISIONS), ("grad_reduce_dtype", GRAD_REDUCE_DTYPES),
+                              ("tp_gathered_input", TP_GATHERED_INPUTS), ("cross_entropy", tuple(CROSS_ENTROPY_BYTES))):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise InvalidPlanError(f"training.{name} = {value!r} must be one of {', '.join(allowed)}")
         if self.fp8_params and self.precision != "fp8":
             raise InvalidPlanError(f"training.fp8_params needs precision 'fp8', not '{self.precision}'")
         if self.optimizer not in ("adam", "sgd"):
             raise InvalidPlanError(f"training.optimizer = '{self.optimizer}' must be 'adam' or 'sgd'")
-        if self.tp_gathered_input not in TP_GATHERED_INPUTS:
-            raise InvalidPlanError(
-                f"training.tp_gathered_input = {self.tp_gathered_input!r} must be one of {', '.join(TP_GATHERED_INPUTS)}"
-            )
-        if self.cross_entropy not in CROSS_ENTROPY_BYTES:
-            raise InvalidPlanError(
-                f"training.cross_entropy = {self.cross_entropy!r} must be one of {', '.join(CROSS_ENTROPY_BYTES)}"
-            )
 
     def num_microbatches(self, dp: int) -> int:
         """Micro-batches per pipeline per iteration, m = global_batch / (dp * micro_batch)."""
