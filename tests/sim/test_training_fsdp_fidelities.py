@@ -219,17 +219,21 @@ def test_per_layer_units_keep_the_bytes_and_price_each_unit_at_its_own_size() ->
     assert whole.first_unit_s == (whole.gathers[0].duration_s,) and whole.tail_share == (0.0,)
 
 
-@pytest.mark.parametrize(("framework", "unit"), [
-    ("torchtitan", "layer"), ("llm-foundry", "layer"), ("megatron-core", "layer"), ("deepspeed-zero-2021", "chunk"),
+@pytest.mark.parametrize(("framework", "unit", "kept"), [
+    ("torchtitan", "layer", "root_last_layer"), ("llm-foundry", "layer", "root"), ("megatron-core", "layer", "root"),
+    ("deepspeed-zero-2021", "chunk", "none"),
 ])
-def test_each_stack_sets_its_fsdp_unit(framework: str, unit: str) -> None:
-    config = {**TITAN_70B, "training": {**TITAN_70B["training"], "framework": framework}}
-    assert parse_training(config).fsdp_unit == unit
+def test_each_stack_sets_its_fsdp_units(framework: str, unit: str, kept: str) -> None:
+    setup = parse_training({**TITAN_70B, "training": {**TITAN_70B["training"], "framework": framework}})
+    assert (setup.fsdp_unit, setup.fsdp_kept_after_forward) == (unit, kept)
 
 
-def test_an_unknown_fsdp_unit_is_rejected_naming_the_allowed_values() -> None:
-    with pytest.raises(ConfigError, match=r"fsdp_unit = 'block'; allowed: layer, chunk"):
-        parse_training({**TITAN_70B, "training": {**TITAN_70B["training"], "fsdp_unit": "block"}})
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("fsdp_unit", "block", "layer, chunk"), ("fsdp_kept_after_forward", "all", "none, root, root_last_layer"),
+])
+def test_an_unknown_fsdp_setting_is_rejected_naming_the_allowed_values(key: str, value: str, allowed: str) -> None:
+    with pytest.raises(ConfigError, match=rf"{key} = '{value}'; allowed: {allowed}"):
+        parse_training({**TITAN_70B, "training": {**TITAN_70B["training"], key: value}})
 
 
 HSDP_70B = {
@@ -356,15 +360,3 @@ def test_kept_units_leave_the_backward_gather(kept: str, backward_layers: int, r
     analytic = simulate_training(config, RunOptions(fidelity="analytic")).metrics()
     assert analytic["iteration_time_s"] == pytest.approx(des["iteration_time_s"], rel=0.001)
 
-
-@pytest.mark.parametrize(("framework", "kept"), [
-    ("torchtitan", "root_last_layer"), ("llm-foundry", "root"), ("megatron-core", "root"), ("deepspeed-zero-2021", "none"),
-])
-def test_each_stack_sets_the_units_it_keeps(framework: str, kept: str) -> None:
-    config = {**TITAN_70B, "training": {**TITAN_70B["training"], "framework": framework}}
-    assert parse_training(config).fsdp_kept_after_forward == kept
-
-
-def test_an_unknown_kept_unit_is_rejected_naming_the_allowed_values() -> None:
-    with pytest.raises(ConfigError, match=r"fsdp_kept_after_forward = 'all'; allowed: none, root, root_last_layer"):
-        parse_training({**TITAN_70B, "training": {**TITAN_70B["training"], "fsdp_kept_after_forward": "all"}})
