@@ -359,4 +359,3 @@ def test_kept_units_leave_the_backward_gather(kept: str, backward_layers: int, r
     des = simulate_training(config, RunOptions(fidelity="des")).metrics()
     analytic = simulate_training(config, RunOptions(fidelity="analytic")).metrics()
     assert analytic["iteration_time_s"] == pytest.approx(des["iteration_time_s"], rel=0.001)
-
