@@ -61,9 +61,10 @@ PAIR_NOTES = (
     "-10.2 %; 57.4 GiB before torch's TP kept its gathered inputs whole, tp_gathered_input 'save': DTensor's "
     "ColwiseParallel matmuls save the all-gathered QKV, fc1 and LM-head inputs, where Megatron keeps the "
     "sequence shard and gathers it again in backward, so the recomputed layer and the LM head hold them whole "
-    "and no re-gather runs; what else they hold is not found), and their async-TP speedup with that software, 1.057, reads +6.9 % (the "
-    "2025-06 benchmark's 1.164 for the same pair reads -2.9 %). Without the re-gathers the torchtitan TP pairs "
-    "read 1.173 / 1.130 / 1.167 for async TP (+7.4 / -2.9 / +6.2 %) and 1.363 / 1.313 for float8 (+0.5 / -9.1 %). The runs must fit the published part's 96 GB (memory_capacity_GiB), not the "
+    "and no re-gather runs; what else they hold is not found), and their async-TP speedup with that software, "
+    "1.057, reads +6.9 % (the 2025-06 benchmark's 1.164 for the same pair reads -2.9 %). Without the re-gathers "
+    "the torchtitan TP pairs read 1.173 / 1.130 / 1.167 for async TP (+7.4 / -2.9 / +6.2 %) and 1.363 / 1.313 "
+    "for float8 (+0.5 / -9.1 %). The runs must fit the published part's 96 GB (memory_capacity_GiB), not the "
     "catalog's 80 GB H100 standing in for it",
 )
 
