@@ -363,3 +363,44 @@ def test_the_resolved_config_reruns_to_the_same_prediction(tmp_path: Path, capsy
         return json.loads((tmp_path / folder / "metrics.json").read_text())
 
     assert metrics("again") == metrics("o")
+
+
+def test_fsdp_kept_units_gathered_inputs_and_loss_settings_run_from_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fsdp_kept_after_forward``, ``tp_gathered_input`` and ``cross_entropy = "xentropy"`` from the CLI: each
+    moves the number it models on a torchtitan FSDP x TP plan, and a bad value is one error line, exit 2."""
+    config = _write(tmp_path, """
+[model]
+name = "llama3-8b"
+[cluster]
+gpu = "h100-sxm-80gb"
+num_gpus = 16
+[training]
+seq_len = 4096
+global_batch = 16
+framework = "torchtitan"
+[parallel]
+tp = 2
+zero = 3
+sequence_parallel = true
+""")
+
+    def metrics(*sets: str) -> dict[str, Any]:
+        argv: list[Any] = ["simulate", config, "--fidelity", "analytic", "--format", "json"]
+        for assignment in sets:
+            argv += ["--set", assignment]
+        code, out, err = run(capsys, *argv)
+        assert code == 0, err
+        return json.loads(out)
+
+    default = metrics()
+    assert default == metrics('training.fsdp_kept_after_forward="root_last_layer"', 'training.tp_gathered_input="save"')
+    # the root unit and last block gathered again before every backward: no faster
+    assert metrics('training.fsdp_kept_after_forward="none"')["iteration_time_s"] > default["iteration_time_s"]
+    # the shard kept instead of the gathered inputs: less held
+    assert metrics('training.tp_gathered_input="regather"')["peak_memory_bytes"] < default["peak_memory_bytes"]
+    # flash-attention's xentropy holds 4 B per logit at its peak where torch's fp32 loss holds 12
+    assert metrics('training.cross_entropy="xentropy"')["peak_memory_bytes"] < default["peak_memory_bytes"]
+    for key, value in (("fsdp_kept_after_forward", "all"), ("tp_gathered_input", "keep"), ("cross_entropy", "fused")):
+        code, out, err = run(capsys, "simulate", config, "--set", f'training.{key}="{value}"')
+        assert code == 2 and out == ""
+        assert err.strip().splitlines() == [err.strip()] and err.startswith(f"error: [training] {key} = '{value}'")
