@@ -68,6 +68,16 @@ def run(capsys: pytest.CaptureFixture[str], *argv: Any) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def analytic_metrics(capsys: pytest.CaptureFixture[str], config: Path, *sets: str) -> dict[str, Any]:
+    """``llmsim simulate CONFIG --fidelity analytic --format json`` with each ``--set`` assignment: its metrics."""
+    argv: list[Any] = ["simulate", config, "--fidelity", "analytic", "--format", "json"]
+    for assignment in sets:
+        argv += ["--set", assignment]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
 def one_error(err: str) -> str:
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in err, err
@@ -308,12 +318,7 @@ recompute = "full"
 """)
 
     def metrics(*sets: str) -> dict[str, Any]:
-        argv: list[Any] = ["simulate", config, "--fidelity", "analytic", "--format", "json"]
-        for assignment in sets:
-            argv += ["--set", assignment]
-        code, out, err = run(capsys, *argv)
-        assert code == 0, err
-        return json.loads(out)
+        return analytic_metrics(capsys, config, *sets)
 
     def seconds(*sets: str) -> float:
         return metrics(*sets)["iteration_time_s"]
@@ -385,12 +390,7 @@ sequence_parallel = true
 """)
 
     def metrics(*sets: str) -> dict[str, Any]:
-        argv: list[Any] = ["simulate", config, "--fidelity", "analytic", "--format", "json"]
-        for assignment in sets:
-            argv += ["--set", assignment]
-        code, out, err = run(capsys, *argv)
-        assert code == 0, err
-        return json.loads(out)
+        return analytic_metrics(capsys, config, *sets)
 
     default = metrics()
     assert default == metrics('training.fsdp_kept_after_forward="root_last_layer"', 'training.tp_gathered_input="save"')
