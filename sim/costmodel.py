@@ -79,7 +79,7 @@ def op_cost_source(op: Op, gpu: GpuSpec, *, precision: str, links: Mapping[str, 
     if calibration is None:
         return ROOFLINE
     if op.kind == "gemm":
-        covered = calibration.gemm_ratio(precision, op.m, op.n, op.k, op.batch) is not None
+        covered = calibration.gemm_ratio(precision, op.m, op.n, op.k, op.batch // op.kernels) is not None
     elif op.kind == "attention":  # a profile's attention rows measure "flash"-family kernels only
         covered = bool(op.sequences) and op.kernel == "flash" and calibration.attention_ratio(
             precision=attention_precision(precision), num_sequences=len(op.sequences),
@@ -121,9 +121,10 @@ def _op_time_s(
     collective_time: Callable[[Collective, float, GroupLinks], float],
 ) -> float:
     if op.kind == "gemm":
-        return cost.gemm_time_s(
+        # a batch run as several kernels (one per expert) pays each kernel at its own share of the batch
+        return op.kernels * cost.gemm_time_s(
             gpu, op.m, op.n, op.k, precision=op.precision or precision, bytes_per_element=gemm_bytes_per_element(op),
-            batch=op.batch, split_accumulator=op.split_accumulator,
+            batch=op.batch // op.kernels, split_accumulator=op.split_accumulator,
         )
     if op.kind == "attention":
         if not op.sequences:

@@ -63,7 +63,9 @@ class Op:
     kernel: str = "flash"  # attention: the fused kernel family (hardware.cost.ATTENTION_KERNELS)
     split_accumulator: bool = False  # fp8 gemm: promotes partial sums to fp32 (no fast accumulation)
     # memory op: the kernels it launches (an eager chain of ops, workloads.eager) and those of its
-    # backward (None: as many); each kernel pays a launch and, in eager stacks, a host dispatch
+    # backward (None: as many); each kernel pays a launch and, in eager stacks, a host dispatch.
+    # gemm: the kernels its ``batch`` runs as, each over batch / kernels of the products at that
+    # batch's own rate (an MoE layer's per-expert GEMMs); one host dispatch for all of them
     kernels: int = 1
     backward_kernels: int | None = None
 
@@ -314,6 +316,10 @@ def unfused_attention_ops(
     return ops
 
 
+# an MoE layer's expert matmuls: batches of one product per active local expert
+EXPERT_GEMMS = ("experts_up", "experts_down")
+
+
 def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll, a: float) -> list[Op]:  # type: ignore[no-untyped-def]
     """Router, dispatch, grouped expert GEMMs, combine and shared experts of one MoE layer."""
     h, tp, ep = model.hidden, sharding.tp, sharding.ep
@@ -335,9 +341,9 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     active = expected_active_experts(local_experts, min(k, local_experts), tokens * ep)
     active_experts = max(1, round(active))
     per_expert = max(1, round(arriving * sharding.expert_load_imbalance / active_experts))
-    ops.append(gemm("experts_up", per_expert, gate * f, h, batch=active_experts))
+    ops.append(gemm(EXPERT_GEMMS[0], per_expert, gate * f, h, batch=active_experts))
     ops.append(mem("experts_activation", (gate + 1) * per_expert * active_experts * f * a))
-    ops.append(gemm("experts_down", per_expert, h, f, batch=active_experts))
+    ops.append(gemm(EXPERT_GEMMS[1], per_expert, h, f, batch=active_experts))
     if ep > 1:
         ops.append(coll("ep_combine", "all_to_all", "ep", exchanged))
     if model.shared_experts:

@@ -17,6 +17,7 @@ CP_COMM = ("ring", "all_gather", "ulysses", "hybrid")
 CP_COMM_SPELLINGS = {"all-gather": "all_gather"}  # INTERFACE.md writes the K/V all-gather hyphenated
 TRAINING_PRECISIONS = ("bf16", "fp16", "fp8")
 TP_GATHERED_INPUTS = ("regather", "save")
+MOE_PROB_SCALINGS = ("hidden", "activation")
 GRAD_REDUCE_DTYPES = ("fp32", "bf16", "fp16")
 # what ``recompute = "selective"`` keeps (the stack's selective_recompute): Megatron's attention-core
 # recomputation (Korthikanti et al. 2022) or PyTorch per-op selective checkpointing as torchtitan
@@ -152,6 +153,12 @@ class TrainingJob:
     # sequence shard and gather it again in backward) | "save" (torch's DTensor TP: the matmul saves the
     # gathered input, nothing is gathered again)
     tp_gathered_input: str = "regather"
+    # where an MoE layer multiplies by its router probabilities (the stack setting ``moe_prob_scaling``),
+    # which decides what it keeps per routed token: "hidden" (the probabilities scale an h-wide tensor,
+    # the expert output in the combine or the routed input before the experts, kept for their gradient
+    # beside the first expert matmul's input) | "activation" (inside the expert activation, Megatron-
+    # Core's weighted SwiGLU: only the probabilities are kept); sim.training.activations
+    moe_prob_scaling: str = "hidden"
 
     def __post_init__(self) -> None:
         if self.selective_recompute not in SELECTIVE_RECOMPUTE:
@@ -165,7 +172,8 @@ class TrainingJob:
             if not isinstance(value, int) or value < 1:
                 raise InvalidPlanError(f"training.{name} = {value!r} must be a positive integer")
         for name, allowed in (("precision", TRAINING_PRECISIONS), ("grad_reduce_dtype", GRAD_REDUCE_DTYPES),
-                              ("tp_gathered_input", TP_GATHERED_INPUTS), ("cross_entropy", tuple(CROSS_ENTROPY_BYTES))):
+                              ("tp_gathered_input", TP_GATHERED_INPUTS), ("cross_entropy", tuple(CROSS_ENTROPY_BYTES)),
+                              ("moe_prob_scaling", MOE_PROB_SCALINGS)):
             value = getattr(self, name)
             if value not in allowed:
                 raise InvalidPlanError(f"training.{name} = {value!r} must be one of {', '.join(allowed)}")

@@ -39,6 +39,8 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fsdp_unit": ("training", ("layer", "chunk")),
         "fsdp_kept_after_forward": ("training", ("none", "root", "root_last_layer")),
         "tp_gathered_input": ("training", ("regather", "save")),
+        "moe_expert_gemm": ("training", ("grouped", "per_expert")),
+        "moe_prob_scaling": ("training", ("hidden", "activation")),
         "param_gather_pacing": ("training", ("bucket", "free")),
         "linear_bias": ("training", ("fused", "unfused", "skip_bias_add")),
         "fp8_recipe": ("training", ("delayed", "current")),

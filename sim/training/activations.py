@@ -122,9 +122,13 @@ def layer_activation_parts(
 
     if moe:
         k = model.experts_per_token
-        # routed tokens on this rank (balanced): permuted input and expert output are hidden-sized and
-        # gathered over TP (not divided by t); intermediates are split by expert TP
-        split += k * tokens * (2 * a * h + mlp_width_bytes(model.expert_ffn_hidden / t))
+        # routed tokens on this rank (balanced), hidden-sized ones gathered over TP (not divided by t),
+        # intermediates split by expert TP: the first expert matmul's input (as its fp8 cast under fp8)
+        # and the activation's; where the probabilities scale an h-wide tensor (the expert output in
+        # the combine, or the routed input) autograd keeps it too, where they scale the activation
+        # (weighted SwiGLU) only the fp32 probabilities
+        prob_bytes = a * h if job.moe_prob_scaling == "hidden" else ROUTER_PROB_BYTES
+        split += k * tokens * (g * h + prob_bytes + mlp_width_bytes(model.expert_ffn_hidden / t))
         split += model.shared_experts * tokens * mlp_width_bytes(model.expert_ffn_hidden / t)
         replicated += ROUTER_PROB_BYTES * tokens * model.experts
     else:

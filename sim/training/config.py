@@ -27,7 +27,7 @@ TRAINING_KEYS = (
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
     "param_gather_pacing", "elementwise", "compile", "fp8_all_gather", "fsdp_kept_after_forward", "tp_gathered_input",
-    "failures", "dropout",
+    "moe_expert_gemm", "moe_prob_scaling", "failures", "dropout",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -149,6 +149,10 @@ class TrainingSetup:
     # concatenates the three gradients) | "concat_copy_v" (and Transformer Engine copies V after RoPE);
     # see sim.training.costs.qkv_split_ops
     qkv_split: str = "none"
+    # how an MoE layer runs its experts' matmuls: "grouped" (one grouped kernel over the local experts:
+    # priced as one batched GEMM) | "per_expert" (a GEMM kernel per expert, each at its own shape:
+    # Transformer Engine's GroupedLinear on Hopper, multi_stream_cublas_gemm); see sim.training.costs
+    moe_expert_gemm: str = "grouped"
     # how tp_comm_overlap runs: "userbuffers" (Transformer Engine's comm-GEMM overlap: ring-exchange
     # all-gathers, pipelined and bulk reduce-scatters on SMs of their own) | "symmetric_memory"
     # (PyTorch's micro-pipelined async TP: all-gather and reduce-scatter matmuls in tp chunks with
@@ -236,6 +240,13 @@ class TrainingSetup:
         (Megatron, Transformer Engine: the shard, gathered again in backward) | "save" (torch DTensor
         TP: the gathered input the matmul saves); see workloads.plan.TrainingJob."""
         return self.job.tp_gathered_input
+
+    @property
+    def moe_prob_scaling(self) -> str:
+        """Where an MoE layer multiplies by its router probabilities: "hidden" (an h-wide tensor, the
+        routed input or the expert output, kept for the probabilities' gradient) | "activation" (inside
+        the expert activation, Megatron-Core's weighted SwiGLU); see workloads.plan.TrainingJob."""
+        return self.job.moe_prob_scaling
 
     @property
     def fused_attention(self) -> bool:
@@ -416,7 +427,8 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
                   fp8_params=settings["fp8_params"] and precision == "fp8",
                   selective_recompute=settings["selective_recompute"],
                   elementwise=_elementwise(training, settings["elementwise"]), attention_layout=settings["attention_layout"],
-                  cross_entropy=settings["cross_entropy"], tp_gathered_input=settings["tp_gathered_input"])
+                  cross_entropy=settings["cross_entropy"], tp_gathered_input=settings["tp_gathered_input"],
+                  moe_prob_scaling=settings["moe_prob_scaling"])
 
     layers = parallel.get("layers_per_stage", [])
     if not isinstance(layers, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
@@ -477,6 +489,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         fsdp_kept_after_forward=settings["fsdp_kept_after_forward"],
         param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
+        moe_expert_gemm=settings["moe_expert_gemm"],
         pipeline_p2p=settings["pipeline_p2p"],
         tp_overlap_method=settings["tp_overlap_method"],
         linear_bias=settings["linear_bias"],

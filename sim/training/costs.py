@@ -25,7 +25,7 @@ from sim.training.work import ChunkWork, chain_host_bound, host_bound_pass_s
 from workloads.checkpointing import per_op_checkpoint, torch_matmuls
 from workloads.eager import eager_elementwise_ops, sdpa_layout_ops
 from workloads.plan import ParallelPlan
-from workloads.graph import Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
+from workloads.graph import EXPERT_GEMMS, Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.precision import bytes_per_element
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,6 +196,8 @@ def layer_passes(
     )
     if setup.attention_kernel in ("flash1", "flash2", "cudnn"):  # hardware.cost.ATTENTION_KERNELS
         forward = [replace(op, kernel=setup.attention_kernel) if op.kind == "attention" else op for op in forward]
+    if setup.moe_expert_gemm == "per_expert":  # one GEMM kernel per local expert, each at its own shape
+        forward = [replace(op, kernels=op.batch) if op.name in EXPERT_GEMMS else op for op in forward]
     if setup.elementwise != "fused":
         forward = eager_elementwise_ops(forward, setup.model, fused_norm=setup.elementwise == "eager_fused_norm")
     if job.dropout > 0.0:

@@ -25,7 +25,7 @@ EXPECTED_NAMES = {name for name, _, _ in NARAYANAN_ROWS} | {
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-405b", "llama3.2-1b",
     "mistral-7b", "mixtral-8x7b", "mixtral-8x22b", "gpt-j-6b", "falcon-180b",
     "opt-6.7b", "opt-13b", "opt-30b", "opt-66b", "opt-175b",
-    "bloom-176b", "qwen2.5-72b", "nemotron4-340b", "deepseek-v3",
+    "bloom-176b", "qwen2.5-72b", "qwen3-30b-a3b", "nemotron4-340b", "deepseek-v3",
 }  # fmt: skip
 MODELS = default_models()
 NAMES = sorted(MODELS)
@@ -102,9 +102,9 @@ def test_structural_rules(name):
         assert m.qk_nope_head_dim > 0 and m.qk_rope_head_dim > 0 and m.v_head_dim > 0
         assert m.kv_lora_rank < m.hidden and m.q_lora_rank < m.hidden
     else:
-        # No catalog model publishes a head_dim different from hidden / heads; one that did would be
-        # listed here explicitly.
-        assert m.head_dim * m.heads == m.hidden
+        # Qwen3 publishes head_dim 128 with 32 heads over hidden 2048 (its config.json); every other
+        # catalog model has head_dim = hidden / heads
+        assert m.head_dim * m.heads == (4096 if name == "qwen3-30b-a3b" else m.hidden)
     if m.is_moe:
         assert 0 < m.experts_per_token <= m.experts
         assert 0 <= m.dense_layers < m.layers

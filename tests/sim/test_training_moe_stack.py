@@ -1,0 +1,114 @@
+"""MoE stack settings: per-expert GEMM kernels (``moe_expert_gemm``) and where the router
+probabilities scale (``moe_prob_scaling``), on Megatron-Bridge's Qwen3 30B-A3B run of
+published-training.md A10 (16 H100, fp8 current scaling, TP 1, PP 2 x 24 virtual stages, EP 8)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hardware.units import GiB
+from sim.costmodel import op_time_s
+from sim.runner import RunOptions, simulate
+from sim.training.activations import ROUTER_PROB_BYTES, layer_activation_parts
+from sim.training.config import parse_training
+from sim.training.costs import layer_kind_ops
+from workloads.errors import InvalidPlanError
+from workloads.graph import EXPERT_GEMMS
+
+REPO = Path(__file__).resolve().parents[2]
+QWEN3_A10 = {
+    "model": {"name": "qwen3-30b-a3b"},
+    "cluster": {"gpu": "h100-sxm-80gb", "node": "dgx-h100", "network": "ib-ndr-fat-tree", "num_gpus": 16},
+    "training": {"seq_len": 4096, "global_batch": 512, "micro_batch": 2, "precision": "fp8",
+                 "framework": "megatron-bridge"},
+    "parallel": {"tp": 1, "pp": 2, "ep": 8, "zero": 1, "schedule": "interleaved", "virtual_stages": 24},
+}
+MOE_LAYER = (True, False, False)  # layer_kind_ops key: an MoE layer, not fully recomputed, fp8 GEMMs
+
+
+def _with(section: str, **values: object) -> dict:
+    return {**QWEN3_A10, section: {**QWEN3_A10[section], **values}}
+
+
+def _metrics(config: dict) -> dict:
+    return simulate(config, RunOptions(fidelity="analytic")).metrics()
+
+
+@pytest.mark.parametrize(("framework", "gemm", "probs"), [
+    ("megatron-bridge", "per_expert", "activation"), ("megatron-core", "per_expert", "hidden"),
+    ("nemo", "per_expert", "hidden"), ("torchtitan", "grouped", "hidden"), ("llm-foundry", "grouped", "hidden"),
+])
+def test_each_stack_sets_its_expert_gemms_and_probability_scaling(framework: str, gemm: str, probs: str) -> None:
+    setup = parse_training(_with("training", framework=framework))
+    assert (setup.moe_expert_gemm, setup.moe_prob_scaling) == (gemm, probs)
+
+
+def test_per_expert_gemms_cost_one_kernel_per_expert_at_its_own_shape() -> None:
+    per_expert = parse_training(QWEN3_A10)
+    grouped = parse_training(_with("training", moe_expert_gemm="grouped"))
+    links: dict = {}
+    for setup, kernels in ((per_expert, 16), (grouped, 1)):
+        forward, b_ops, w_ops = layer_kind_ops(setup, MOE_LAYER)
+        experts = [op for op in forward + b_ops + w_ops if op.name.startswith(EXPERT_GEMMS) and op.kind == "gemm"]
+        assert len(experts) == 6  # up and down: forward, dgrad, wgrad
+        for op in experts:
+            assert op.batch == 16 and op.kernels == kernels, op.name  # 128 experts over EP 8, all active
+            one = dataclasses.replace(op, batch=1, kernels=1)
+            single = op_time_s(one, setup.cluster.gpu, precision="fp8", links=links)
+            if kernels > 1:
+                assert op_time_s(op, setup.cluster.gpu, precision="fp8", links=links) == pytest.approx(16 * single, rel=1e-12)
+    # 4,096 tokens per expert: the H100's measured fp8 rate at one expert's shape (m 4,096, n 1,536,
+    # k 2,048) is below the roofline of one 65,536-row batch, so the step is slower per expert
+    slow, fast = _metrics(QWEN3_A10), _metrics(_with("training", moe_expert_gemm="grouped"))
+    assert slow["iteration_time_s"] > 1.05 * fast["iteration_time_s"]
+
+
+def test_probabilities_scaled_inside_the_activation_keep_no_hidden_wide_tensor() -> None:
+    # per routed token: the fp8 expert input (1 B x h), the SwiGLU input (2 x 2 B x f) and its fp8
+    # output (1 B x f), and either the 16-bit expert output (2 B x h) or the fp32 probability (4 B)
+    setup = parse_training(QWEN3_A10)
+    hidden = dataclasses.replace(setup.job, moe_prob_scaling="hidden")
+    tokens, k, h = 2 * 4096, 8, 2048
+    parts = {job.moe_prob_scaling: layer_activation_parts(setup.model, setup.plan, job, moe=True,
+                                                          flash_attention=True, dropout=False)
+             for job in (setup.job, hidden)}
+    saved = parts["hidden"].full_bytes - parts["activation"].full_bytes
+    assert saved == pytest.approx(k * tokens * (2.0 * h - ROUTER_PROB_BYTES), rel=1e-12)
+    dense = layer_activation_parts(setup.model, setup.plan, setup.job, moe=False, flash_attention=True, dropout=False)
+    routed = k * tokens * (1.0 * h + ROUTER_PROB_BYTES + (2 * 2.0 + 1.0) * 768)
+    router = ROUTER_PROB_BYTES * tokens * 128
+    mlp = tokens * (2 * 2.0 + 1.0) * 6144  # the dense MLP the MoE layer replaces
+    assert parts["activation"].full_bytes - dense.full_bytes == pytest.approx(routed + router - mlp, rel=1e-12)
+    with pytest.raises(InvalidPlanError, match="moe_prob_scaling"):
+        dataclasses.replace(setup.job, moe_prob_scaling="output")
+
+
+def test_the_published_qwen3_moe_run_is_predicted_to_fit() -> None:
+    # Megatron-Bridge ran it on 80 GB H100s (performance-summary.md at 00b7660b, 5,275 tokens/s per GPU).
+    # Counting each routed token's expert input in 16 bits and its 16-bit expert output, the model had
+    # read 82.7 GiB; the fp8 input and the probabilities scaled inside the activation leave 65 GiB
+    fits = _metrics(QWEN3_A10)
+    assert fits["fits_in_memory"] and fits["peak_memory_bytes"] < 66 * GiB
+    # the expert output alone, 2 B x h per routed token, over the ~47 one-layer chunks in flight
+    hidden = _metrics(_with("training", moe_prob_scaling="hidden"))
+    assert hidden["peak_memory_bytes"] - fits["peak_memory_bytes"] > 11 * GiB
+
+
+@pytest.mark.parametrize(("key", "value"), [("moe_expert_gemm", "cutlass"), ("moe_prob_scaling", "input")])
+def test_a_bad_moe_setting_is_one_line_exit_2(tmp_path: Path, key: str, value: str) -> None:
+    config = tmp_path / "moe.toml"
+    config.write_text(
+        '[model]\nname = "qwen3-30b-a3b"\n[cluster]\ngpu = "h100-sxm-80gb"\nnum_gpus = 16\n'
+        f'[training]\nseq_len = 4096\nglobal_batch = 512\nmicro_batch = 2\n{key} = "{value}"\n'
+        '[parallel]\npp = 2\nep = 8\n'
+    )
+    run = subprocess.run([sys.executable, "-m", "sim", "simulate", str(config)], cwd=REPO, capture_output=True,
+                         text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and key in lines[0] and value in lines[0]
