@@ -333,25 +333,43 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     # over EP, then all-gather over TP); without SP every TP rank sends the full set
     sp = sharding.sequence_parallel and tp > 1
     exchanged = (_div(tokens, tp) if sp else tokens) * k * h * a
-    if ep > 1:
-        ops.append(coll("ep_dispatch", "all_to_all", "ep", exchanged))
     local_experts = experts // ep
     # tokens arriving at this rank's experts: all ep ranks' pairs spread over all experts
     arriving = routed * ep * local_experts / experts
+    # The token permutations around the experts (Megatron-Core's MoEAlltoAllTokenDispatcher, core_r0.8.0
+    # to 92c8482e): ``permute`` copies each token once per chosen expert into expert order before the
+    # dispatch and ``unpermute`` sums an output's k copies back after the combine; arriving tokens come
+    # grouped by source rank, and with several local experts ``sort_chunks_by_idxs`` regroups them by
+    # expert after the dispatch and back before the combine. Each reads and writes the rows it moves;
+    # a permutation's backward is the inverse permutation, the same bytes.
+    regroup = 2 * arriving * h * a if local_experts > 1 and ep > 1 else 0.0
+    ops.append(_permutation("moe_permute", 2 * exchanged))
+    if ep > 1:
+        ops.append(coll("ep_dispatch", "all_to_all", "ep", exchanged))
+    if regroup:
+        ops.append(_permutation("moe_sort_chunks", regroup))
     active = expected_active_experts(local_experts, min(k, local_experts), tokens * ep)
     active_experts = max(1, round(active))
     per_expert = max(1, round(arriving * sharding.expert_load_imbalance / active_experts))
     ops.append(gemm(EXPERT_GEMMS[0], per_expert, gate * f, h, batch=active_experts))
     ops.append(mem("experts_activation", (gate + 1) * per_expert * active_experts * f * a))
     ops.append(gemm(EXPERT_GEMMS[1], per_expert, h, f, batch=active_experts))
+    if regroup:
+        ops.append(_permutation("moe_unsort_chunks", regroup))
     if ep > 1:
         ops.append(coll("ep_combine", "all_to_all", "ep", exchanged))
+    ops.append(_permutation("moe_unpermute", exchanged + exchanged / k))
     if model.shared_experts:
         fs = model.shared_experts * f
         ops.append(gemm("shared_up", tokens, gate * fs, h))
         ops.append(mem("shared_activation", (gate + 1) * tokens * fs * a))
         ops.append(gemm("shared_down", tokens, h, fs))
     return ops
+
+
+def _permutation(name: str, nbytes: float) -> Op:
+    """A memory op that moves rows into another order; its backward moves them back (same bytes)."""
+    return Op(name=name, kind="memory", bytes_moved=nbytes, backward_bytes_moved=nbytes)
 
 
 # Backward of the embedding lookup, bytes per element of the local table: PyTorch's embedding backward

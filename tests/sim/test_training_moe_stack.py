@@ -112,3 +112,28 @@ def test_a_bad_moe_setting_is_one_line_exit_2(tmp_path: Path, key: str, value: s
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and key in lines[0] and value in lines[0]
+
+
+def test_token_permutations_move_each_routed_row_in_and_out() -> None:
+    # 8,192 tokens x 8 experts each, h 2,048, 16-bit rows: the permute into expert order and the sort
+    # of arriving chunks by local expert read and write k T h a each, the unpermute reads the k copies
+    # and writes one sum; backward runs the inverse permutations over the same bytes
+    tokens, k, h, a = 2 * 4096, 8, 2048, 2.0
+    rows = k * tokens * h * a
+    forward, b_ops, _ = layer_kind_ops(parse_training(QWEN3_A10), MOE_LAYER)
+    moved = {op.name: op.bytes_moved for op in forward + b_ops if "permute" in op.name or "sort_chunks" in op.name}
+    assert moved == {
+        "moe_permute": 2 * rows, "moe_sort_chunks": 2 * rows, "moe_unsort_chunks": 2 * rows,
+        "moe_unpermute": rows + rows / k,
+        "moe_permute_backward": 2 * rows, "moe_sort_chunks_backward": 2 * rows,
+        "moe_unsort_chunks_backward": 2 * rows, "moe_unpermute_backward": rows + rows / k,
+    }
+    names = [op.name for op in forward]
+    assert names.index("moe_permute") < names.index("ep_dispatch") < names.index("moe_sort_chunks") \
+        < names.index("experts_up") < names.index("moe_unsort_chunks") < names.index("ep_combine") \
+        < names.index("moe_unpermute")
+    # one local expert (Mixtral's 8 over EP 8): arriving tokens are already grouped, nothing to sort
+    mixtral = parse_training({**QWEN3_A10, "model": {"name": "mixtral-8x7b"}, "parallel": {"pp": 2, "ep": 8},
+                              "training": {"seq_len": 4096, "global_batch": 64, "micro_batch": 1}})
+    forward, _, _ = layer_kind_ops(mixtral, MOE_LAYER)
+    assert [op.name for op in forward if "permute" in op.name or "sort" in op.name] == ["moe_permute", "moe_unpermute"]
