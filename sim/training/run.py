@@ -257,12 +257,14 @@ class TrainingResult:
         return pd.DataFrame(rows)
 
     def op_frame(self) -> pd.DataFrame:
-        """Every op of one layer (dense and, for MoE models, MoE) with its pass, seconds and FLOPs."""
+        """Every op of one layer of each kind the model has (dense; MoE for MoE models, whose
+        ``dense_layers`` leading layers are dense) with its pass, seconds and FLOPs."""
         import pandas as pd
 
         links = group_links(self.setup, 0)
         setup, _ = stage_setup(self.setup, 0)  # a heterogeneous cluster: stage 0's group
-        kinds = [False] + ([True] if setup.model.is_moe else [])
+        model = setup.model
+        kinds = ([False] if not model.is_moe or model.dense_layers else []) + ([True] if model.is_moe else [])
         rows = []
         for moe in kinds:
             for pass_name, ops in zip(("F", "B", "W"), layer_passes(setup, moe)):

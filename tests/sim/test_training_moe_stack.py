@@ -137,3 +137,14 @@ def test_token_permutations_move_each_routed_row_in_and_out() -> None:
                               "training": {"seq_len": 4096, "global_batch": 64, "micro_batch": 1}})
     forward, _, _ = layer_kind_ops(mixtral, MOE_LAYER)
     assert [op.name for op in forward if "permute" in op.name or "sort" in op.name] == ["moe_permute", "moe_unpermute"]
+
+
+def test_the_per_op_table_lists_only_the_layer_kinds_the_model_has() -> None:
+    # every Qwen3 30B-A3B layer is MoE: no dense layer in `-v` or ops.csv; DeepSeek-V3's first three
+    # layers are dense, so both kinds
+    frame = simulate(QWEN3_A10, RunOptions(fidelity="analytic")).op_frame()
+    assert set(frame["layer_kind"]) == {"moe"}
+    deepseek = {**QWEN3_A10, "model": {"name": "deepseek-v3"}, "cluster": {**QWEN3_A10["cluster"], "num_gpus": 1024},
+                "training": {**QWEN3_A10["training"], "micro_batch": 1, "global_batch": 64, "precision": "bf16"},
+                "parallel": {"tp": 8, "pp": 8, "ep": 8, "zero": 1}}
+    assert set(simulate(deepseek, RunOptions(fidelity="analytic")).op_frame()["layer_kind"]) == {"dense", "moe"}
