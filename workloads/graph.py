@@ -321,7 +321,7 @@ EXPERT_GEMMS = ("experts_up", "experts_down")
 
 
 def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll, a: float) -> list[Op]:  # type: ignore[no-untyped-def]
-    """Router, dispatch, grouped expert GEMMs, combine and shared experts of one MoE layer."""
+    """Router, token permutations, dispatch, expert GEMMs, combine and shared experts of one MoE layer."""
     h, tp, ep = model.hidden, sharding.tp, sharding.ep
     gate = 2 if model.gated_mlp else 1
     f = _div(model.expert_ffn_hidden, tp)

@@ -127,8 +127,8 @@ def layer_activation_parts(
         # and the activation's; where the probabilities scale an h-wide tensor (the expert output in
         # the combine, or the routed input) autograd keeps it too, where they scale the activation
         # (weighted SwiGLU) only the fp32 probabilities
-        prob_bytes = a * h if job.moe_prob_scaling == "hidden" else ROUTER_PROB_BYTES
-        split += k * tokens * (g * h + prob_bytes + mlp_width_bytes(model.expert_ffn_hidden / t))
+        kept_for_probs = a * h if job.moe_prob_scaling == "hidden" else ROUTER_PROB_BYTES
+        split += k * tokens * (g * h + kept_for_probs + mlp_width_bytes(model.expert_ffn_hidden / t))
         split += model.shared_experts * tokens * mlp_width_bytes(model.expert_ffn_hidden / t)
         replicated += ROUTER_PROB_BYTES * tokens * model.experts
     else:
