@@ -83,6 +83,7 @@ class Sharding:
     sequence_parallel: bool = False
     cp: int = 1
     ep: int = 1
+    etp: int = 0  # the experts' tensor-parallel degree (ParallelPlan.etp); 0 = tp
     expert_load_imbalance: float = 1.0  # busiest expert's tokens / mean (>= 1)
     cp_comm: str = "ring"  # "ring" (K/V blocks passed around, overlapping attention) | "all_gather" |
     # "ulysses" (all-to-all from sequence to head sharding around attention) | "hybrid" (both, 2D)
@@ -323,16 +324,20 @@ EXPERT_GEMMS = ("experts_up", "experts_down")
 def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll, a: float) -> list[Op]:  # type: ignore[no-untyped-def]
     """Router, token permutations, dispatch, expert GEMMs, combine and shared experts of one MoE layer."""
     h, tp, ep = model.hidden, sharding.tp, sharding.ep
+    etp = sharding.etp or tp
     gate = 2 if model.gated_mlp else 1
-    f = _div(model.expert_ffn_hidden, tp)
+    f = _div(model.expert_ffn_hidden, etp)
     k, experts = model.experts_per_token, model.experts
-    ops = [gemm("router", tokens, experts, h), mem("router_topk", tokens * experts * 4.0)]
-    routed = tokens * k  # token-expert pairs leaving this rank
-    # Under sequence parallelism each TP rank holds s/tp tokens and the all-to-all exchanges only that
-    # shard, the TP all-gather following it (Megatron-Core's MoEAlltoAllTokenDispatcher: all-to-all
-    # over EP, then all-gather over TP); without SP every TP rank sends the full set
+    # Under sequence parallelism each TP rank routes its s/tp tokens and the all-to-all exchanges only
+    # that shard, an all-gather over the etp ranks that split each expert following it (Megatron-Core's
+    # MoEAlltoAllTokenDispatcher: all-to-all over EP, then all-gather over expert TP); without SP every
+    # TP rank routes and sends the full set (and etp = tp)
     sp = sharding.sequence_parallel and tp > 1
-    exchanged = (_div(tokens, tp) if sp else tokens) * k * h * a
+    shard = _div(tokens, tp) if sp else tokens
+    ops = [gemm("router", shard, experts, h), mem("router_topk", shard * experts * 4.0)]
+    exchanged = shard * k * h * a
+    # token-expert pairs this rank's experts take from its EP group, gathered over expert TP
+    routed = (shard * etp if sp else tokens) * k
     local_experts = experts // ep
     # tokens arriving at this rank's experts: all ep ranks' pairs spread over all experts
     arriving = routed * ep * local_experts / experts
@@ -348,7 +353,7 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
         ops.append(coll("ep_dispatch", "all_to_all", "ep", exchanged))
     if regroup:
         ops.append(_permutation("moe_sort_chunks", regroup))
-    active = expected_active_experts(local_experts, min(k, local_experts), tokens * ep)
+    active = expected_active_experts(local_experts, min(k, local_experts), routed // k * ep)
     active_experts = max(1, round(active))
     per_expert = max(1, round(arriving * sharding.expert_load_imbalance / active_experts))
     ops.append(gemm(EXPERT_GEMMS[0], per_expert, gate * f, h, batch=active_experts))

@@ -38,6 +38,10 @@ class ParallelPlan:
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    # expert tensor parallelism (Megatron-Core --expert-tensor-parallel-size, MoE Parallel Folding,
+    # arXiv 2504.14960): the MoE layers split their ranks etp x ep x expert-dp = tp x cp x dp, apart
+    # from the attention's tp x cp x dp; 0 = tp (the experts split like the attention, ep over dp x cp)
+    etp: int = 0
     sequence_parallel: bool = False
     zero: int = 0  # 0 | 1 (distributed optimizer) | 2 | 3 (FSDP full shard)
     hsdp: bool = False  # with zero=3: shard over a group of the dp ranks, replicate across the groups
@@ -112,8 +116,29 @@ class ParallelPlan:
         if self.hsdp and self.hsdp_shard and (self.dp * self.cp) % self.hsdp_shard:
             raise InvalidPlanError(
                 f"parallel.hsdp = {self.hsdp_shard} (the shard group size) must divide dp * cp = {self.dp * self.cp}")
-        if (self.dp * self.cp) % self.ep:
-            raise InvalidPlanError(f"parallel.ep = {self.ep} must divide dp * cp = {self.dp * self.cp}")
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise InvalidPlanError(f"parallel.etp = {self.etp!r} must be a positive integer (or 0: as tp)")
+        if self.etp in (0, self.tp):
+            if (self.dp * self.cp) % self.ep:
+                raise InvalidPlanError(f"parallel.ep = {self.ep} must divide dp * cp = {self.dp * self.cp} "
+                                       f"(or fold the experts over tp too: parallel.etp)")
+        else:
+            ranks = self.tp * self.cp * self.dp
+            if ranks % (self.ep * self.etp):
+                raise InvalidPlanError(f"parallel.ep x etp = {self.ep} x {self.etp} must divide tp * cp * dp = {ranks}")
+            if self.tp > 1 and not self.sequence_parallel:
+                raise InvalidPlanError(f"parallel.etp = {self.etp} with tp = {self.tp} needs sequence_parallel = true "
+                                       "(each tp rank routes its own sequence shard)")
+
+    @property
+    def expert_tp(self) -> int:
+        """The MoE layers' tensor-parallel degree (``etp``, or tp where it is 0)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks of a stage holding the same experts: tp x cp x dp / (ep x expert_tp)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
 
     @property
     def world_size(self) -> int:

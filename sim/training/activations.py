@@ -122,13 +122,16 @@ def layer_activation_parts(
 
     if moe:
         k = model.experts_per_token
-        # routed tokens on this rank (balanced), hidden-sized ones gathered over TP (not divided by t),
+        # routed tokens on this rank's experts (balanced): its expert TP group's sequence shards, the
+        # whole sequence where the experts split like the attention (et = t); hidden-sized ones whole,
         # intermediates split by expert TP: the first expert matmul's input (as its fp8 cast under fp8)
         # and the activation's; where the probabilities scale an h-wide tensor (the expert output in
         # the combine, or the routed input) autograd keeps it too, where they scale the activation
         # (weighted SwiGLU) only the fp32 probabilities
+        et = plan.expert_tp
+        routed = k * tokens * (et / t if plan.sequence_parallel else 1.0)
         kept_for_probs = a * h if job.moe_prob_scaling == "hidden" else ROUTER_PROB_BYTES
-        split += k * tokens * (g * h + kept_for_probs + mlp_width_bytes(model.expert_ffn_hidden / t))
+        split += routed * (g * h + kept_for_probs + mlp_width_bytes(model.expert_ffn_hidden / et))
         split += model.shared_experts * tokens * mlp_width_bytes(model.expert_ffn_hidden / t)
         replicated += ROUTER_PROB_BYTES * tokens * model.experts
     else:
@@ -157,7 +160,7 @@ def per_op_saved_bytes(model: ModelSpec, plan: ParallelPlan, job: TrainingJob, *
     forward = layer_forward_ops(
         model, tokens=tokens, sequences=((job.seq_len // plan.cp, job.seq_len // plan.cp),) * job.micro_batch,
         sharding=Sharding(tp=plan.tp, sequence_parallel=plan.sequence_parallel, cp=plan.cp, ep=plan.ep,
-                          cp_comm=plan.cp_comm, cp_heads=plan.cp_heads),
+                          etp=plan.expert_tp, cp_comm=plan.cp_comm, cp_heads=plan.cp_heads),
         moe=moe, bytes_per_element=ACTIVATION_BYTES, fused_attention=flash_attention,
     )
     return per_op_checkpoint(forward, model=model, tp=plan.tp).saved_bytes

@@ -34,6 +34,7 @@ PARALLEL_KEYS = (
     "pp",
     "cp",
     "ep",
+    "etp",
     "dp",
     "sequence_parallel",
     "zero",
@@ -442,6 +443,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         dp=dp,
         cp=cp,
         ep=_int(parallel, "ep", "parallel", 1),
+        etp=_int(parallel, "etp", "parallel", 0),
         sequence_parallel=_bool(parallel, "sequence_parallel", "parallel", False),
         zero=_int(parallel, "zero", "parallel", 0),
         hsdp=hsdp,
@@ -606,6 +608,12 @@ def validate_plan(
             raise InvalidPlanError(f"parallel.ep = {plan.ep} needs a mixture-of-experts model; model {model.name} is dense")
         if model.experts % plan.ep:
             raise InvalidPlanError(f"parallel.ep {plan.ep} must divide the {model.experts} experts of model {model.name}")
+    if plan.etp not in (0, plan.tp):
+        if not model.is_moe:
+            raise InvalidPlanError(f"parallel.etp = {plan.etp} needs a mixture-of-experts model; model {model.name} is dense")
+        if model.expert_ffn_hidden % plan.etp:
+            raise InvalidPlanError(f"parallel.etp = {plan.etp} must divide the expert width {model.expert_ffn_hidden} "
+                                   f"of model {model.name}")
     heads_split = plan.cp if plan.cp_comm == "ulysses" else plan.cp_heads if plan.cp_comm == "hybrid" else 1
     if heads_split > 1:
         for label, count in (("attention heads", model.heads), ("kv_heads", model.heads if model.is_mla else model.kv_heads)):

@@ -47,10 +47,10 @@ def rank_of(setup: TrainingSetup, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: 
 
 def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     plan = setup.plan
-    ep_ranks = []
-    for j in range(plan.ep):  # expert group: consecutive ranks of the (cp x dp) space
-        cp_index, dp_index = j % plan.cp, j // plan.cp
-        ep_ranks.append(rank_of(setup, cp=cp_index, dp=dp_index, pp=stage))
+    # expert group: expert TP fastest, then EP (Megatron-Core's expert rank order etp-ep-dp inside a
+    # stage): every expert_tp-th rank; with etp = tp, consecutive ranks of the (cp x dp) space
+    base = rank_of(setup, pp=stage)
+    ep_ranks = [base + j * plan.expert_tp for j in range(plan.ep)]
     dp_cp = tuple(rank_of(setup, cp=j % plan.cp, dp=j // plan.cp, pp=stage) for j in range(plan.cp * plan.dp))
     shard, _ = shard_degrees(plan, setup.cluster.node.gpus_per_node)
     return Ranks(
@@ -68,7 +68,7 @@ GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate", "pp", "cp_head
 
 def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
     """``stage_ranks`` as arithmetic progressions (first rank, stride, count) per axis: in Megatron
-    order every group of a stage is evenly spaced (tp by 1; cp, dp x cp and ep by tp; the HSDP
+    order every group of a stage is evenly spaced (tp by 1; cp and dp x cp by tp, ep by the expert tp; the HSDP
     replicate group by tp x shard), which lets a search cache the links without listing ranks."""
     plan = setup.plan
     base = rank_of(setup, pp=stage)
@@ -78,7 +78,7 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
         "tp": (base, 1, plan.tp),
         "cp": (base, plan.tp, plan.cp),
         "dp": (base, plan.tp, dp_cp),
-        "ep": (base, plan.tp, plan.ep),
+        "ep": (base, plan.expert_tp, plan.ep),
         "dp_shard": (base, plan.tp, min(shard, dp_cp)),
         "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
         "pp": (base - stage * plan.tp * dp_cp, plan.tp * dp_cp, plan.pp),  # the stage's rank across stages
@@ -125,6 +125,7 @@ def _sharding(setup: TrainingSetup) -> Sharding:
         sequence_parallel=plan.sequence_parallel,
         cp=plan.cp,
         ep=plan.ep,
+        etp=plan.expert_tp,
         expert_load_imbalance=setup.expert_load_imbalance,
         cp_comm=plan.cp_comm,
         cp_heads=plan.cp_heads,

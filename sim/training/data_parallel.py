@@ -111,7 +111,7 @@ def _layer_parameters_per_rank(setup: TrainingSetup, moe: bool) -> float:
     if moe:
         experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
         moe_dense = model.layer_parameters(moe=True) - experts
-        return moe_dense / plan.tp + experts / (plan.tp * plan.ep)
+        return moe_dense / plan.tp + experts / (plan.expert_tp * plan.ep)
     return model.layer_parameters(moe=False) / plan.tp
 
 

@@ -396,7 +396,7 @@ def _class_data_parallel(
         setup, keys = class_setup(base, layout, index, base_keys, cache)
         params = cache.memo(
             "parameters",
-            (keys.model, plan.tp, plan.ep, plan.pp if plan.vocab_parallel else plan.pp > 1, signature),
+            (keys.model, plan.tp, plan.ep, plan.expert_tp, plan.pp if plan.vocab_parallel else plan.pp > 1, signature),
             lambda: signature_parameters(setup, signature),
         )
         cast_s = cache.memo("fp8_weight_cast", (keys.chunk, signature),

@@ -18,8 +18,9 @@ Conventions (each cited where it is used below):
   of it), so a bf16 reduction keeps 2 bytes/parameter. 16-bit fp16 gradients still count 4: the fp16
   optimizer copies them into fp32 main gradients (Megatron Float16OptimizerWithFloat16Params).
 * Data-parallel sharding runs over dp x cp (Megatron shards the distributed optimizer over the
-  data-parallel group with context parallel); expert parameters over dp x cp / ep. Experts use the
-  plan's tp as expert tensor parallelism (Megatron-Core's default when no separate ETP is given).
+  data-parallel group with context parallel); expert parameters over the expert data-parallel group,
+  tp x cp x dp / (ep x etp). Experts split over the plan's etp (expert tensor parallelism; tp unless
+  the plan folds the experts over other ranks, Megatron-Core's --expert-tensor-parallel-size).
 * Stored activations per layer and in-flight micro-batches come from ``sim.training.activations``
   (Korthikanti et al. 2022, arXiv 2205.05198, Table 2, generalised per tensor).
 """
@@ -129,7 +130,7 @@ def _attention_parameters_per_rank(model: ModelSpec, t: int) -> float:
 @dataclass(frozen=True, slots=True)
 class _LayerParams:
     dense: float  # per rank, sharded by data parallel over dp x cp
-    expert: float  # per rank, sharded over dp x cp / ep
+    expert: float  # per rank, sharded over the expert data-parallel group (ParallelPlan.expert_dp)
     matmul: float  # matmul weights per rank (for fp8 caches)
 
 
@@ -140,7 +141,7 @@ def _layer_params(model: ModelSpec, plan: ParallelPlan, moe: bool) -> _LayerPara
     if moe:
         router = model.hidden * model.experts  # replicated over TP (Megatron-Core router)
         shared = model.shared_experts * model.mlp_parameters(model.expert_ffn_hidden) / t
-        routed = model.experts * model.mlp_parameters(model.expert_ffn_hidden) / (plan.ep * t)
+        routed = model.experts * model.mlp_parameters(model.expert_ffn_hidden) / (plan.ep * plan.expert_tp)
         return _LayerParams(dense=attention + norms + router + shared, expert=routed, matmul=attention + shared + routed)
     mlp = model.mlp_parameters(model.ffn_hidden) / t
     return _LayerParams(dense=attention + norms + mlp, expert=0.0, matmul=attention + mlp)
@@ -177,7 +178,7 @@ def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
     ``hsdp_shard`` consecutive ones (the gcd keeps it a divisor).
     """
     dense = plan.dp * plan.cp
-    expert = dense // plan.ep
+    expert = plan.expert_dp
     if plan.hsdp:
         group = plan.hsdp_shard or max(1, gpus_per_node // plan.tp)
         return math.gcd(dense, group), math.gcd(expert, group)

@@ -199,7 +199,8 @@ class TrainingResult:
              f"{list(setup.stage_group)}" if setup.groups else
              f"model {setup.model.name} on {setup.cluster.num_gpus} x {setup.cluster.gpu.name} "
              f"({setup.cluster.node.name}, {setup.cluster.network.name})"),
-            f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}  zero {plan.zero}  "
+            f"plan  tp {plan.tp}  pp {plan.pp}  dp {plan.dp}  cp {plan.cp}  ep {plan.ep}"
+            f"{f'  etp {plan.expert_tp}' if plan.expert_tp != plan.tp else ''}  zero {plan.zero}  "
             f"schedule {plan.schedule}{f' (v={plan.virtual_stages})' if plan.virtual_stages > 1 else ''}  "
             f"recompute {plan.recompute}"
             f"{f' (full on {list(plan.recompute_layers)} layers per stage)' if plan.recompute_layers else ''}"

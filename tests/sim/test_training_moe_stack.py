@@ -148,3 +148,60 @@ def test_the_per_op_table_lists_only_the_layer_kinds_the_model_has() -> None:
                 "training": {**QWEN3_A10["training"], "micro_batch": 1, "global_batch": 64, "precision": "bf16"},
                 "parallel": {"tp": 8, "pp": 8, "ep": 8, "zero": 1}}
     assert set(simulate(deepseek, RunOptions(fidelity="analytic")).op_frame()["layer_kind"]) == {"dense", "moe"}
+
+
+# MoE Parallel Folding (Megatron-Core --expert-tensor-parallel-size): Qwen3 30B-A3B on 16 H100 with the
+# attention at TP 2 x DP 8 and the experts at ETP 1 x EP 16, so an expert group spans both nodes
+FOLDED = {
+    "model": {"name": "qwen3-30b-a3b"},
+    "cluster": {"gpu": "h100-sxm-80gb", "node": "dgx-h100", "network": "ib-ndr-fat-tree", "num_gpus": 16},
+    "training": {"seq_len": 4096, "global_batch": 64, "micro_batch": 1, "framework": "megatron-bridge"},
+    "parallel": {"tp": 2, "ep": 16, "etp": 1, "sequence_parallel": True, "zero": 1},
+}
+
+
+def test_folded_experts_split_their_ranks_apart_from_the_attention() -> None:
+    from sim.training.costs import stage_groups
+    from sim.training.memory import memory_per_stage
+
+    setup = parse_training(FOLDED)
+    assert (setup.plan.expert_tp, setup.plan.expert_dp) == (1, 1)
+    assert stage_groups(setup, 0)["ep"] == (0, 1, 16)  # every rank of the stage, both nodes
+    forward, _, _ = layer_kind_ops(setup, MOE_LAYER)
+    up = next(op for op in forward if op.name == "experts_up")
+    # each TP rank routes its 2,048-token sequence shard x 8 experts; 8 local experts of the 128 take
+    # 16 ranks' pairs: 2,048 x 8 x 16 x 8 / 128 = 16,384 rows, 2,048 per expert, at the full width 768
+    assert (up.m, up.n, up.k, up.batch) == (2048, 2 * 768, 2048, 8)
+    dispatch = next(op for op in forward if op.name == "ep_dispatch")
+    assert dispatch.message_bytes == 2048 * 8 * 2048 * 2.0
+    # the experts' parameters: 128 x 3 x 2,048 x 768 per layer over ep x etp = 16 ranks, none replicated
+    (stage,) = memory_per_stage(setup.model, setup.plan, setup.job, capacity_bytes=80 * GiB)
+    unfolded = dataclasses.replace(setup.plan, ep=8, etp=0)  # experts split like the attention: TP 2 x EP 8
+    (plain,) = memory_per_stage(setup.model, unfolded, setup.job, capacity_bytes=80 * GiB)
+    assert stage.weights_bytes == pytest.approx(plain.weights_bytes, rel=1e-12)  # 16 ranks share the experts either way
+
+
+def test_etp_equal_to_tp_is_the_unfolded_plan() -> None:
+    base = _metrics(QWEN3_A10)
+    explicit = _metrics(_with("parallel", etp=1))  # tp = 1
+    assert explicit == base
+
+
+@pytest.mark.parametrize(("parallel", "words"), [
+    ({"tp": 2, "ep": 16, "etp": 1}, "needs sequence_parallel"),
+    ({"tp": 2, "ep": 32, "etp": 1, "sequence_parallel": True}, "must divide tp \\* cp \\* dp = 16"),
+    ({"tp": 2, "ep": 16, "etp": 5, "sequence_parallel": True}, "ep x etp = 16 x 5 must divide"),
+    ({"tp": 2, "ep": 16, "etp": -1, "sequence_parallel": True}, "positive integer"),
+])
+def test_bad_expert_folding_names_the_rule(parallel: dict, words: str) -> None:
+    with pytest.raises(InvalidPlanError, match=words):
+        parse_training({**FOLDED, "parallel": parallel})
+
+
+def test_expert_tp_needs_experts_it_can_split() -> None:
+    with pytest.raises(InvalidPlanError, match="needs a mixture-of-experts model"):
+        parse_training({**FOLDED, "model": {"name": "llama3-8b"}, "parallel": {"tp": 2, "etp": 1, "sequence_parallel": True}})
+    odd = {"hidden": 1024, "layers": 4, "heads": 8, "kv_heads": 8, "ffn_hidden": 4096, "vocab": 32000,
+           "experts": 8, "experts_per_token": 2, "expert_ffn_hidden": 1000}
+    with pytest.raises(InvalidPlanError, match="must divide the expert width 1000"):
+        parse_training({**FOLDED, "model": odd, "parallel": {"tp": 1, "etp": 16}})
