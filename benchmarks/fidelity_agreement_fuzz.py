@@ -6,17 +6,22 @@ from a seeded generator over what a search or a user may ask: catalog models (de
 H100 / H200, tp, pp, cp (every exchange), ep, ZeRO 0-3 (HSDP, both FSDP units), every schedule,
 micro-batch counts from 1 to 256, recompute, sequence parallelism and its overlap, data-parallel
 overlap, bf16 / fp8 / fp16, every training stack, optimizer and activation offload, vocabulary
-parallelism, uneven layer splits and A100 + H100 clusters. Plans the simulator refuses as bad input
+parallelism, uneven layer splits, A100 + H100 clusters and MoE experts folded over the tp ranks
+(etp 1). Plans the simulator refuses as bad input
 are counted and skipped. Each plan runs through ``sim.runner.simulate``, the path ``llmsim simulate``
 takes, once per fidelity.
 
     PYTHONPATH=. python benchmarks/fidelity_agreement_fuzz.py [--plans N] [--seed S] [--workers W] [--worst K]
 
-On merged main (2026-12, 2-core machine, 2 workers, about four minutes), 15,000 configs of seed 1:
-the 9,988 ZeRO 0-2 plans read 0.33 % from the DES on average, 73 beyond 5 % and 14 beyond 10 %, worst
-+19.2 % (breadth-first, Hanayo, ZB-V and V-Half plans of few micro-batches: the closed form counts
-their buckets against dense compute where the stage idles between its last gradient ops); the 2,582
-ZeRO-3 plans 1.94 %, 79 beyond 10 %, worst +54.8 % (ZB-H2 on a split of 28 to 1 layers per stage).
+On merged main (2026-12, 2-core machine, 2 workers, about five minutes), 15,000 configs of seed 1:
+the 9,992 ZeRO 0-2 plans read 0.33 % from the DES on average, 88 beyond 5 % and 21 beyond 10 %, worst
++22.3 % (breadth-first, Hanayo, ZB-V and V-Half plans of few micro-batches: the closed form counts
+their buckets against dense compute where the stage idles between its last gradient ops); the 2,534
+ZeRO-3 plans 1.95 %, 86 beyond 10 %, worst +42.7 % (ZB-H2 at pp 1, one FSDP unit per chunk). Of
+them, the 969 plans with experts folded over the tp ranks (etp 1): 0.91 %, 21 beyond 10 %, worst
++23.1 % (ZeRO 0-2 0.48 %, ZeRO-3 2.55 %). Before the folded draws (the same seed, another plan set):
+ZeRO 0-2 0.32 %, 70 beyond 5 %, 14 beyond 10 %, worst +19.9 %; ZeRO-3 1.92 %, 77 beyond 10 %,
+worst +56.2 % (ZB-H2 on a split of 28 to 1 layers per stage).
 The code before pricing differing 1F1B / GPipe stages on their longest paths (2ae7f3d, the same draw):
 ZeRO 0-2 0.47 %, 160 beyond 5 %, 39 beyond 10 %, worst +24.2 % (1F1B); ZeRO-3 2.04 %, 84 beyond 10 %.
 """
@@ -70,6 +75,10 @@ def draw(rng: np.random.Generator) -> dict[str, Any]:
     }
     if parallel["sequence_parallel"]:
         parallel["tp_comm_overlap"] = bool(rng.random() < 0.5)
+        if moe and rng.random() < 0.5:  # the experts folded over the tp ranks too (etp 1, ep up to tp x cp x dp)
+            experts = get_model(model).experts
+            parallel["etp"] = 1
+            parallel["ep"] = one(*[e for e in (2, 4, 8, 16, 32, 64) if (tp * cp * dp) % e == 0 and experts % e == 0] or [ep])
     if rng.random() < 0.5:
         parallel["dp_comm_overlap"] = bool(rng.random() < 0.6)
     if cp > 1:

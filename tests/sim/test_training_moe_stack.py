@@ -1,6 +1,8 @@
-"""MoE stack settings: per-expert GEMM kernels (``moe_expert_gemm``) and where the router
-probabilities scale (``moe_prob_scaling``), on Megatron-Bridge's Qwen3 30B-A3B run of
-published-training.md A10 (16 H100, fp8 current scaling, TP 1, PP 2 x 24 virtual stages, EP 8)."""
+"""How an MoE layer is priced and held, on Megatron-Bridge's Qwen3 30B-A3B run of published-training.md
+A10 (16 H100, fp8 current scaling, TP 1, PP 2 x 24 virtual stages, EP 8): per-expert GEMM kernels
+(``moe_expert_gemm``), where the router probabilities scale (``moe_prob_scaling``), the dispatcher's
+token permutations, the per-op table's layer kinds, and experts folded apart from the attention
+(``parallel.etp``)."""
 
 from __future__ import annotations
 
