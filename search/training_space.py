@@ -35,7 +35,7 @@ GOAL_KEYS = (
 # [parallel] keys the planner can search over (a list of values or "auto"); absent ones: "auto"
 AUTO_AXES = ("tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages", "recompute")
 # [parallel] keys searched only when [search] lists them; otherwise their [parallel] value (or default)
-LISTED_AXES = ("sequence_parallel", "offload", "hsdp", "tp_comm_overlap", "cp_comm")
+LISTED_AXES = ("sequence_parallel", "offload", "hsdp", "tp_comm_overlap", "cp_comm", "etp")
 AXES = AUTO_AXES + LISTED_AXES
 TRAINING_SEARCH_KEYS = GOAL_KEYS + AXES  # every [search] key of goal = "training" (docs/configuration.md)
 # what the planner decides itself (MILPs) or derives
@@ -66,12 +66,13 @@ class Candidate(NamedTuple):
     hsdp: bool
     tp_comm_overlap: bool
     cp_comm: str
+    etp: int = 0
     layers_per_stage: tuple[int, ...] = ()
     recompute_layers: tuple[int, ...] = ()
 
 
 PLAN_FIELDS = ("tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages", "recompute", "sequence_parallel",
-               "offload", "hsdp", "tp_comm_overlap", "cp_comm", "layers_per_stage", "recompute_layers")
+               "offload", "hsdp", "tp_comm_overlap", "cp_comm", "etp", "layers_per_stage", "recompute_layers")
 _PLAN_START = Candidate._fields.index(PLAN_FIELDS[0])  # the plan fields close a candidate, in this order
 assert Candidate._fields[_PLAN_START:] == PLAN_FIELDS
 
@@ -110,11 +111,12 @@ def _list(search: Mapping[str, Any], key: str, kind: type | tuple[type, ...]) ->
     if not values or any(not isinstance(v, kind) or (kind is int and isinstance(v, bool)) for v in values):
         name = {int: "integers", str: "strings", bool: "true/false"}.get(kind, "values")
         raise ConfigError(f"[search] {key} = {value!r} must be \"auto\" or a list of {name}")
-    if kind is int:  # degrees, sizes and batches count from 1; ZeRO stages are 0..3
+    if kind is int:  # degrees, sizes and batches count from 1; ZeRO stages are 0..3; etp 0 = as tp
         allowed = ZERO_STAGES if key == "zero" else None
-        bad = [v for v in values if (v not in allowed if allowed else v < 1)]
+        minimum = 0 if key == "etp" else 1
+        bad = [v for v in values if (v not in allowed if allowed else v < minimum)]
         if bad:
-            rule = f"in {', '.join(map(str, allowed))}" if allowed else ">= 1"
+            rule = f"in {', '.join(map(str, allowed))}" if allowed else f">= {minimum}"
             raise ConfigError(f"[search] {key} = {value!r}: {bad[0]} is not allowed; each value must be {rule}")
     return tuple(dict.fromkeys(values))  # first occurrence order, no duplicates
 
@@ -250,6 +252,7 @@ def default_axes(space: TrainingSpace, base: TrainingSetup) -> dict[str, tuple[A
         "hsdp": (plan.hsdp,),
         "tp_comm_overlap": (plan.tp_comm_overlap,),
         "cp_comm": (plan.cp_comm,),
+        "etp": (plan.etp,),
     }
     return {key: axes[key] if axes[key] is not None else auto[key] for key in AXES}
 
@@ -311,15 +314,15 @@ def enumerate_candidates(space: TrainingSpace, bases: Sequence[TrainingSetup]) -
                             rule = ""
                         mbs = micro_batch_values(gb, max(1, n // (tp * pp * cp)), space.micro_batches)
                         rest = (values["ep"], values["zero"], schedules, mbs, values["recompute"], sps, values["offload"],
-                                values["hsdp"], values["tp_comm_overlap"], values["cp_comm"])
+                                values["hsdp"], values["tp_comm_overlap"], values["cp_comm"], values["etp"])
                         if rule:
                             pruned[rule] = pruned.get(rule, 0) + math.prod(map(len, rest))
                             continue
                         combinations = itertools.product(*rest)
-                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm in combinations:
+                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm, etp in combinations:
                             out.append(Candidate(
                                 index, gb, mb, tp, pp, cp, ep, zero, schedule, v, recompute, sp, offload, hsdp,
-                                overlap, cp_comm,
+                                overlap, cp_comm, etp,
                             ))
     return out, pruned
 
@@ -416,5 +419,7 @@ def candidate_config(context: Context, candidate: Candidate) -> dict[str, Any]:
     chosen["virtual_stages"] = config_virtual_stages(candidate.schedule, candidate.virtual_stages)  # chunks -> config
     chosen["layers_per_stage"] = list(candidate.layers_per_stage)
     chosen["recompute_layers"] = list(candidate.recompute_layers) if candidate.recompute_layers else 0
+    if not candidate.etp:  # the experts split like the attention: nothing to write
+        del chosen["etp"]
     config["parallel"] = dict(parallel, dp=dp, **chosen)
     return config

@@ -223,7 +223,7 @@ def stage_layout(setup: TrainingSetup, cache: PricingCache, keys: PricingKeys | 
     key = cache.intern((
         "layout", cluster_id, model.layers, model.dense_layers if model.is_moe else model.layers,
         plan.pp, plan.virtual_stages, placement_kind(plan.schedule), plan.vocab_parallel, plan.layers_per_stage, plan.recompute_layers,
-        plan.tp, plan.cp, plan.dp, plan.ep, plan.hsdp, plan.hsdp_shard, setup.pipeline_p2p,
+        plan.tp, plan.cp, plan.dp, plan.ep, plan.expert_tp, plan.hsdp, plan.hsdp_shard, setup.pipeline_p2p,
     ))
     return cache.memo("layout", key, lambda: _stage_layout(setup, key, cache))
 

@@ -254,3 +254,30 @@ def test_candidate_config_runs_the_candidates_chunks(schedule: str, chunks: int)
     plan = parse_training(candidate_config(context, candidate)).plan
     assert plan == build_setup(context_setup(context), candidate).plan
     assert plan.virtual_stages == chunks
+
+
+def test_search_tries_experts_folded_over_the_tp_ranks(tmp_path) -> None:
+    # Qwen3 30B-A3B on 16 H100 at TP 2: EP 16 fits only with the experts folded over the tp ranks
+    # (etp 1: ep x etp = 16 divides tp x dp = 16; unfolded, ep must divide dp = 8)
+    config = {
+        "model": {"name": "qwen3-30b-a3b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+        "training": {"seq_len": 4096, "global_batch": 64, "precision": "bf16"},
+        "parallel": {"sequence_parallel": True},
+        "search": {"goal": "training", "top_k": 2, "tp": [2], "pp": [1], "cp": [1], "ep": [8, 16], "etp": [0, 1],
+                   "zero": [1], "schedule": ["1f1b"], "recompute": ["full"], "micro_batch": [1]},
+    }
+    code, out, _ = _cli(["search", str(_write(tmp_path, config)), "--format", "json", "--workers", "1",
+                         "--out", str(tmp_path / "out")])
+    assert code == 0
+    data = json.loads(out)
+    with (tmp_path / "out" / "candidates.csv").open() as f:
+        screened = {(r["ep"], r["etp"]) for r in csv.DictReader(f) if r["status"] == "screened"}
+    assert {("8", "0"), ("8", "1"), ("16", "1")} <= screened and ("16", "0") not in screened
+    # the best folds EP 8 into one node (ranks 0-7); unfolded, its EP group strides over both nodes
+    assert (data["best"]["parallel"]["ep"], data["best"]["parallel"]["etp"]) == (8, 1)
+    # best.toml runs as is, and the search's shared-cache estimate is the fresh one
+    with (tmp_path / "out" / "best.toml").open("rb") as f:
+        best = tomllib.load(f)
+    fresh = simulate_training(best, RunOptions(fidelity="analytic")).metrics()
+    assert fresh["tokens_per_s"] == data["best"]["analytic_tokens_per_s"]
