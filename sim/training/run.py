@@ -125,7 +125,7 @@ def training_metrics(
         "memory_shortfall_bytes": shortfall,
         "offloaded_bytes": {"cpu": worst.cpu_offload_bytes, "nvme": worst.nvme_offload_bytes},
         "num_microbatches": setup.num_microbatches,
-        "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep},
+        "parallel": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "cp": plan.cp, "ep": plan.ep, "etp": plan.expert_tp},
         "fidelity": fidelity,
         "framework": setup.framework,
     }
