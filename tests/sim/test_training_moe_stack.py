@@ -7,6 +7,7 @@ token permutations, the per-op table's layer kinds, and experts folded apart fro
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -206,3 +207,20 @@ def test_expert_tp_needs_experts_it_can_split() -> None:
            "experts": 8, "experts_per_token": 2, "expert_ffn_hidden": 1000}
     with pytest.raises(InvalidPlanError, match="must divide the expert width 1000"):
         parse_training({**FOLDED, "model": odd, "parallel": {"tp": 1, "etp": 16}})
+
+
+def test_folded_experts_from_the_cli(tmp_path: Path) -> None:
+    config = tmp_path / "folded.toml"
+    config.write_text(
+        '[model]\nname = "qwen3-30b-a3b"\n[cluster]\ngpu = "h100-sxm-80gb"\nnum_gpus = 16\n'
+        '[training]\nseq_len = 4096\nglobal_batch = 64\nmicro_batch = 1\n'
+        '[parallel]\ntp = 2\nep = 16\netp = 1\nsequence_parallel = true\nzero = 1\n'
+    )
+    run = subprocess.run([sys.executable, "-m", "sim", "simulate", str(config), "--format", "json"], cwd=REPO,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert run.returncode == 0, run.stderr
+    parallel = json.loads(run.stdout)["parallel"]
+    assert (parallel["tp"], parallel["ep"], parallel["etp"], parallel["dp"]) == (2, 16, 1, 8)
+    table = subprocess.run([sys.executable, "-m", "sim", "simulate", str(config)], cwd=REPO, capture_output=True,
+                           text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
+    assert "ep 16  etp 1" in table.stdout
