@@ -38,6 +38,7 @@ class Ranks:
     ep: tuple[int, ...]
     dp_shard: tuple[int, ...]  # HSDP: the shard group, part of the dp group (== dp without HSDP)
     dp_replicate: tuple[int, ...]  # HSDP: one rank per shard group (a single rank without HSDP)
+    edp: tuple[int, ...] = ()  # the expert data-parallel group: the ranks holding the same experts
 
 
 def rank_of(setup: TrainingSetup, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
@@ -60,16 +61,22 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
         ep=tuple(ep_ranks),
         dp_shard=dp_cp[:shard],
         dp_replicate=dp_cp[::shard],
+        edp=tuple(base + j * plan.expert_tp * plan.ep for j in range(plan.expert_dp)),
     )
 
 
-GROUP_AXES = ("tp", "cp", "dp", "ep", "dp_shard", "dp_replicate", "pp", "cp_heads", "cp_ring")
+GROUP_AXES = ("tp", "cp", "dp", "ep", "edp", "dp_shard", "dp_replicate", "pp", "cp_heads", "cp_ring")
 
 
 def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
     """``stage_ranks`` as arithmetic progressions (first rank, stride, count) per axis: in Megatron
     order every group of a stage is evenly spaced (tp by 1; cp and dp x cp by tp, ep by the expert tp; the HSDP
-    replicate group by tp x shard), which lets a search cache the links without listing ranks."""
+    replicate group by tp x shard), which lets a search cache the links without listing ranks.
+
+    "edp" is the expert data-parallel group, the ``plan.expert_dp`` ranks holding the same experts,
+    which reduce and shard the expert parameters' gradients (Megatron-Core's expert data-parallel
+    group, ``parallel_state.get_data_modulo_expert_parallel_group``, core_r0.8.0; rank order
+    etp-ep-dp inside a stage): every (expert tp x ep)-th rank."""
     plan = setup.plan
     base = rank_of(setup, pp=stage)
     dp_cp = plan.cp * plan.dp
@@ -79,6 +86,7 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
         "cp": (base, plan.tp, plan.cp),
         "dp": (base, plan.tp, dp_cp),
         "ep": (base, plan.expert_tp, plan.ep),
+        "edp": (base, plan.expert_tp * plan.ep, plan.expert_dp),
         "dp_shard": (base, plan.tp, min(shard, dp_cp)),
         "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
         "pp": (base - stage * plan.tp * dp_cp, plan.tp * dp_cp, plan.pp),  # the stage's rank across stages

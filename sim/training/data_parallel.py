@@ -105,14 +105,24 @@ def stage_signatures(setup: TrainingSetup) -> tuple[tuple[ChunkSignature, ...], 
     return tuple(tuple(stage) for stage in signatures)
 
 
-def _layer_parameters_per_rank(setup: TrainingSetup, moe: bool) -> float:
-    """Parameters per rank of one dense or MoE layer (tp shards it, ep the experts too)."""
+def _layer_parameter_split(setup: TrainingSetup, moe: bool) -> tuple[float, float]:
+    """(dense, expert) parameters per rank of one dense or MoE layer: tp shards the dense part
+    (attention, norms, router, shared experts, a dense layer's MLP), expert tp x ep the routed
+    experts (0 in a dense layer)."""
     model, plan = setup.model, setup.plan
     if moe:
         experts = model.experts * model.mlp_parameters(model.expert_ffn_hidden)
         moe_dense = model.layer_parameters(moe=True) - experts
-        return moe_dense / plan.tp + experts / (plan.expert_tp * plan.ep)
-    return model.layer_parameters(moe=False) / plan.tp
+        return moe_dense / plan.tp, experts / (plan.expert_tp * plan.ep)
+    return model.layer_parameters(moe=False) / plan.tp, 0.0
+
+
+def _layer_parameters_per_rank(setup: TrainingSetup, moe: bool) -> float:
+    """Parameters per rank of one dense or MoE layer (tp shards it, ep the experts too)."""
+    if moe:
+        dense, expert = _layer_parameter_split(setup, True)
+        return dense + expert
+    return _layer_parameter_split(setup, False)[0]
 
 
 def _table_parameters_per_rank(setup: TrainingSetup) -> float:
@@ -166,6 +176,49 @@ def signature_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, 
     return params
 
 
+def _chunk_expert_parameters(setup: TrainingSetup, chunk: ChunkSignature) -> float:
+    """Routed-expert parameters per rank of one chunk (its MoE layers', model order); 0 for a dense model."""
+    dense, count = chunk[0], chunk[1]
+    if not setup.model.is_moe or count <= dense:
+        return 0.0
+    per_layer = _layer_parameter_split(setup, True)[1]
+    expert = 0.0
+    for _ in range(count - dense):
+        expert += per_layer
+    return expert
+
+
+def signature_expert_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
+    """The routed-expert part of ``signature_parameters``: the parameters per rank of the stage's
+    MoE layers' experts (divided by expert tp x ep), which Megatron-Core keeps in a gradient buffer of
+    their own, reduced and sharded over the expert data-parallel group ("edp",
+    ``plan.expert_dp`` ranks; megatron/core/distributed/distributed_data_parallel.py
+    ``DistributedDataParallel.__init__``: ``expert_parallel_buffers`` over
+    ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0). 0 for a dense model;
+    the rest of ``signature_parameters`` (attention, norms, router, shared experts, dense layers,
+    embedding and LM head) is the dense part, data-parallel over "dp"."""
+    expert = 0.0
+    for chunk in signature:
+        expert += _chunk_expert_parameters(setup, chunk)
+    return expert
+
+
+def signature_parameter_split(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> tuple[float, float]:
+    """(all, expert) parameters per rank of the stage whose chunks are ``signature``:
+    ``signature_parameters`` and its routed-expert part ``signature_expert_parameters`` (the dense
+    part is their difference; for a dense model exactly the total)."""
+    return signature_parameters(setup, signature), signature_expert_parameters(setup, signature)
+
+
+def splits_expert_data_parallel(setup: TrainingSetup) -> bool:
+    """True where the expert parameters are data-parallel over the expert data-parallel group
+    ("edp") apart from the dense ones (over "dp"): ZeRO 0/1/2 without HSDP, as Megatron-Core's DDP
+    and distributed optimizer run them (``signature_expert_parameters``). ZeRO-3 / FSDP and HSDP keep
+    every parameter on the dense groups: the remaining simplification."""
+    plan = setup.plan
+    return plan.zero != 3 and not plan.hsdp
+
+
 def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
     """Parameters one rank of ``stage`` holds before any ZeRO sharding: its layers (all its virtual
     chunks) divided by tp (experts also by ep), plus the embedding on stage 0 and the LM head on the
@@ -212,53 +265,27 @@ def flat_gradient_prepare_bytes(setup: TrainingSetup, shard: int) -> float:
 def grad_sync_work(
     setup: TrainingSetup, stage: int, links: Mapping[str, GroupLinks], cache: PricingCache | None = None
 ) -> tuple[CommWork, ...]:
-    """Data-parallel gradient buckets of one stage (empty when dp == 1).
+    """Data-parallel gradient buckets of one stage (empty when dp == 1 and the experts have no
+    data-parallel peers).
 
     ZeRO 0 all-reduces gradients; ZeRO 1/2/3 reduce-scatter them (the matching parameter
     all-gather of ZeRO 1/2 runs after the optimizer, see ``optimizer_time_s``); HSDP reduce-scatters
     inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
     ``setup.grad_reduce_dtype`` (the stack's rule: fp32 for bf16/fp8 training as Megatron's main grads,
     16-bit for fp16; bf16 with --grad-reduce-in-bf16). All full buckets have one size, so they are priced once.
+    Under ZeRO 0/1/2 an MoE stage's routed experts have buckets of their own over the expert
+    data-parallel group (``grad_sync_for_parameters``).
     """
     signature = stage_signatures(setup)[stage]
-    return grad_sync_for_parameters(setup, signature_parameters(setup, signature), links, cache,
-                                    closing_gradient_parameters(setup, signature))
+    params, expert = signature_parameter_split(setup, signature)
+    return grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature),
+                                    expert=expert)
 
 
-def grad_sync_for_parameters(
-    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None,
-    closing: float = 0.0,
-) -> tuple[CommWork, ...]:
-    """The gradient buckets of a stage holding ``params`` parameters per rank in backward order: full
-    buckets, then the last, the leftover with the ``closing`` parameters whose gradients the backward
-    completes last (``closing_gradient_parameters``); the last is ready when the backward ends."""
-    plan = setup.plan
-    cache = cache if cache is not None else PricingCache()
-    collective = cache.collective_s
-    group = links["dp"]
-    if group.size <= 1:
-        return ()
-    grad_bytes = setup.grad_reduce_bytes
-    bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
-    kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
-    shard = links["dp_shard"].size if plan.hsdp else group.size
-
-    prepare = flat_gradient_prepare_bytes(setup, shard)
-
-    def seconds(message: float) -> float:
-        before = 0.0
-        if prepare:
-            elements = message / grad_bytes
-            op = Op(name="fsdp_grad_predivide", kind="memory", bytes_moved=elements * prepare)
-            before = costmodel.op_time_s(op, setup.cluster.gpu, precision=setup.job.precision, links=links)
-        if not plan.hsdp:
-            return before + collective(kind, message, group)
-        return before + collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
-            _ALL_REDUCE, message / shard, links["dp_replicate"]
-        )
-
-    # Full buckets, then the remainder. Subtracting the integer bucket from a float parameter count
-    # below 2**53 is exact, so one subtraction of k buckets equals k successive ones.
+def _bucket_counts(params: float, closing: float, bucket: int) -> tuple[int, float]:
+    """(full buckets, leftover parameters before the ``closing`` ones) of a buffer of ``params``.
+    Subtracting the integer bucket from a float parameter count below 2**53 is exact, so one
+    subtraction of k buckets equals k successive ones."""
     full = 0
     remaining = params - closing
     if remaining < 2.0**53:
@@ -267,13 +294,106 @@ def grad_sync_for_parameters(
     while remaining >= bucket:
         full += 1
         remaining -= bucket
-    message = bucket * grad_bytes
+    return full, remaining
+
+
+def grad_sync_for_parameters(
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None,
+    closing: float = 0.0, expert: float = 0.0,
+) -> tuple[CommWork, ...]:
+    """The gradient buckets of a stage holding ``params`` parameters per rank in backward order: full
+    buckets, then the last, the leftover with the ``closing`` parameters whose gradients the backward
+    completes last (``closing_gradient_parameters``); the last is ready when the backward ends.
+
+    ``expert``: the routed-expert parameters among ``params`` (``signature_expert_parameters``).
+    Under ZeRO 0/1/2 without HSDP (``splits_expert_data_parallel``) they form a buffer of their own,
+    as Megatron-Core's DDP keeps them (megatron/core/distributed/distributed_data_parallel.py
+    ``DistributedDataParallel.__init__``: ``expert_parallel_buffers`` reduced over
+    ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0, with the dense buffers'
+    ``bucket_size``): buckets of the same size over the expert data-parallel group "edp" (none when
+    it is one rank), the dense rest over "dp" as before, all on the one data-parallel stream
+    (``CommWork`` axis "dp"). The two lists merge in the order their buckets fill during the
+    backward: by the fraction of the backward (parameters so far / the buffer's) at which each
+    becomes full, dense first on ties, each buffer's leftover at the end of the backward, the dense
+    closing bucket (with the embedding) last. ZeRO-3 / HSDP reduce every parameter over the dense
+    groups (the remaining simplification)."""
+    plan = setup.plan
+    cache = cache if cache is not None else PricingCache()
+    collective = cache.collective_s
+    group = links["dp"]
+    split = expert > 0.0 and splits_expert_data_parallel(setup)
+    expert_group = links["edp"] if split else None
+    if split:
+        params -= expert  # the dense buffer
+    dense_buckets = group.size > 1
+    if not dense_buckets and (expert_group is None or expert_group.size <= 1):
+        return ()
+    grad_bytes = setup.grad_reduce_bytes
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
+    kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     kind_name = _COLLECTIVE_NAMES[kind]
-    buckets = (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),) * full
-    if remaining + closing > 0:
-        message = (remaining + closing) * grad_bytes
-        buckets += (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),)
-    return buckets
+
+    def buckets_over(params: float, closing: float, group: GroupLinks, shard: int) -> tuple[CommWork, ...]:
+        """Full buckets, then the leftover with the closing parameters, of one buffer over ``group``."""
+        prepare = flat_gradient_prepare_bytes(setup, shard)
+
+        def seconds(message: float) -> float:
+            before = 0.0
+            if prepare:
+                elements = message / grad_bytes
+                op = Op(name="fsdp_grad_predivide", kind="memory", bytes_moved=elements * prepare)
+                before = costmodel.op_time_s(op, setup.cluster.gpu, precision=setup.job.precision, links=links)
+            if not plan.hsdp:
+                return before + collective(kind, message, group)
+            return before + collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
+                _ALL_REDUCE, message / shard, links["dp_replicate"]
+            )
+
+        full, remaining = _bucket_counts(params, closing, bucket)
+        message = bucket * grad_bytes
+        out = (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),) * full
+        if remaining + closing > 0:
+            message = (remaining + closing) * grad_bytes
+            out += (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),)
+        return out
+
+    dense = ()
+    if dense_buckets:
+        dense = buckets_over(params, closing, group, links["dp_shard"].size if plan.hsdp else group.size)
+    if expert_group is None or expert_group.size <= 1:
+        return dense
+    experts = buckets_over(expert, 0.0, expert_group, expert_group.size)
+    if not dense:
+        return experts
+    return _merge_buckets(dense, params, closing, experts, expert, bucket)
+
+
+def _merge_buckets(
+    dense: tuple[CommWork, ...], dense_params: float, closing: float, experts: tuple[CommWork, ...],
+    expert_params: float, bucket: int,
+) -> tuple[CommWork, ...]:
+    """The dense and expert buckets in the order they fill: full bucket i of a buffer of P parameters
+    at i x bucket / P of the backward, a buffer's leftover at its end (1); dense first on ties; the
+    dense leftover last where it holds the closing parameters (the embedding's, complete last)."""
+    tail: tuple[CommWork, ...] = ()
+    if closing > 0.0:
+        dense, tail = dense[:-1], dense[-1:]
+
+    def fraction(index: int, count: int, params: float) -> float:
+        return 1.0 if index == count - 1 and (index + 1) * bucket > params else (index + 1) * bucket / params
+
+    merged: list[CommWork] = []
+    d = e = 0
+    while d < len(dense) and e < len(experts):
+        if fraction(d, len(dense), dense_params) <= fraction(e, len(experts), expert_params):
+            merged.append(dense[d])
+            d += 1
+        else:
+            merged.append(experts[e])
+            e += 1
+    merged.extend(dense[d:])
+    merged.extend(experts[e:])
+    return tuple(merged) + tail
 
 
 class ParamGathers(NamedTuple):
@@ -334,25 +454,48 @@ def bucket_paced_gathers(
     forward starts once the first unit is in and its last 1 / buckets of compute waits for the
     whole gather (``pipeline_des``'s rule): with n buckets of all-gather time a and forward compute
     f per bucket it ends at max(a + n f, n a + f), where the paced chain ends at a + n max(a, f):
-    the same when f >= a, at most one bucket's all-gather (a - f) early when a > f."""
+    the same when f >= a, at most one bucket's all-gather (a - f) early when a > f.
+
+    An MoE chunk's routed experts sit in the expert buffer, sharded over the expert data-parallel
+    group (``splits_expert_data_parallel``; megatron/core/distributed/distributed_data_parallel.py
+    ``expert_parallel_buffers``, core_r0.8.0): their buckets (the same size) are gathered over "edp"
+    (nothing when one rank holds them), their seconds added to the chunk's gather and their units to
+    its count; the first unit stays the dense buffer's (the embedding's bucket)."""
     plan = setup.plan
     collective = cache.collective_s if cache is not None else collective_time_s
     group = links["dp"]
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     gathers, first_unit, tails = [], [], []
     table = _table_parameters_per_rank(setup)
+    expert_group = links["edp"] if setup.model.is_moe and splits_expert_data_parallel(setup) else None
     for (root, layers), chunk in zip(_chunk_parameters(setup, signature), signature):
         params = root
         for layer in layers:
             params += layer
+        expert = _chunk_expert_parameters(setup, chunk) if expert_group is not None else 0.0
+        expert_s, expert_units = 0.0, 0
+        if expert > 0.0:
+            params -= expert  # the dense buffer's part; the experts' gathered over "edp" (or not at all)
+            if expert_group.size > 1:
+                expert_full, expert_left = _bucket_counts(expert, 0.0, bucket)
+                if expert_full:
+                    expert_s += expert_full * collective(Collective.ALL_GATHER, bucket * 2.0, expert_group)
+                if expert_left > 0.0:
+                    expert_s += collective(Collective.ALL_GATHER, expert_left * 2.0, expert_group)
+                expert_units = expert_full + (1 if expert_left > 0.0 else 0)
+            else:
+                expert = 0.0  # one rank holds these experts: nothing to gather
         closing = table if chunk[2] else 0.0  # the embedding closes the last bucket (its first unit)
         full = int((params - closing) // bucket)
         remainder = params - full * bucket
         full_s = collective(Collective.ALL_GATHER, bucket * 2.0, group) if full else 0.0
         remainder_s = collective(Collective.ALL_GATHER, remainder * 2.0, group) if remainder > 0.0 else 0.0
-        units = full + (1 if remainder > 0.0 else 0)
-        gathers.append(CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=params * 2.0,
-                                duration_s=full * full_s + remainder_s))
+        units = full + (1 if remainder > 0.0 else 0) + expert_units
+        seconds = full * full_s + remainder_s
+        if expert_units:
+            seconds += expert_s
+        gathers.append(CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=(params + expert) * 2.0,
+                                duration_s=seconds))
         first_unit.append(remainder_s if remainder > 0.0 else full_s)
         tails.append(1.0 / units if units > 1 else 0.0)
     return ParamGathers(tuple(gathers), tuple(first_unit), tuple(tails), first_forward_only=True)
@@ -456,15 +599,33 @@ def optimizer_time_s(
     host DRAM bandwidth and move gradients down and parameters up over PCIe (ZeRO-Offload); NVMe
     offload also reads and writes the optimizer states from NVMe (ZeRO-Infinity).
     """
-    return optimizer_time_for_parameters_s(setup, stage_parameters_per_rank(setup, stage), links, cache)
+    params, expert = signature_parameter_split(setup, stage_signatures(setup)[stage])
+    return optimizer_time_for_parameters_s(setup, params, links, cache, expert=expert)
 
 
 def optimizer_time_for_parameters_s(
-    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None
+    setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None,
+    expert: float = 0.0,
 ) -> float:
+    """``optimizer_time_s`` of a stage holding ``params`` parameters per rank, ``expert`` of them
+    routed experts (``signature_expert_parameters``). Under ZeRO 1/2 (``splits_expert_data_parallel``)
+    the distributed optimizer shards the dense parameters over "dp" and the experts over the expert
+    data-parallel group "edp" (megatron/core/optimizer/__init__.py ``get_megatron_optimizer``: the
+    expert-parallel parameter groups get a DistributedOptimizer over
+    ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0), so the shard is
+    dense / dp x cp + expert / expert_dp and the parameter all-gather after the step gathers each part
+    over its group. ZeRO 3 / HSDP shard everything over the dense groups (the remaining simplification)."""
     plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
     sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
-    shard = params / sharded_over if plan.zero >= 1 else params
+    split = expert > 0.0 and splits_expert_data_parallel(setup)
+    dense = params - expert if split else params
+    expert_group = links["edp"] if split else None
+    if plan.zero < 1:
+        shard = params
+    elif split:
+        shard = dense / sharded_over + expert / expert_group.size
+    else:
+        shard = params / sharded_over
     per_param = optimizer_bytes_per_parameter(setup.job.optimizer, setup.job.precision, setup.optimizer_kernels)
     buffer_bytes = grad_buffer_bytes(setup, params, shard)
     if buffer_bytes:
@@ -484,7 +645,10 @@ def optimizer_time_for_parameters_s(
     if buffer_bytes:  # on the GPU whether or not the optimizer is offloaded
         seconds += costmodel.op_time_s(Op(name="grad_buffer", kind="memory", bytes_moved=buffer_bytes), gpu,
                                        precision=setup.job.precision, links=links)
-    if plan.zero in (1, 2) and links["dp"].size > 1 and not setup.dp_comm_overlap:
+    if plan.zero in (1, 2) and not setup.dp_comm_overlap:
         collective = cache.collective_s if cache is not None else collective_time_s
-        seconds += collective(Collective.ALL_GATHER, params * 2.0, links["dp"])
+        if links["dp"].size > 1:
+            seconds += collective(Collective.ALL_GATHER, dense * 2.0, links["dp"])
+        if expert_group is not None and expert_group.size > 1:
+            seconds += collective(Collective.ALL_GATHER, expert * 2.0, expert_group)
     return seconds

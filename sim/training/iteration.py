@@ -32,7 +32,7 @@ from sim.training.data_parallel import (
     optimizer_time_for_parameters_s,
     param_gather_for_parameters,
     paces_param_gather,
-    signature_parameters,
+    signature_parameter_split,
     stage_signatures,
 )
 from sim.training.hetero import group_setup, setup_memory, stage_rank
@@ -331,15 +331,18 @@ def _chunks_of_class(
 
 def _data_parallel_work(
     setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache,
-    weight_cast_s: float = 0.0, signature: tuple[ChunkSignature, ...] = (),
+    weight_cast_s: float = 0.0, signature: tuple[ChunkSignature, ...] = (), expert: float = 0.0,
 ) -> DataParallelTimes:
     """Gradient buckets left to overlap the backward, parameter gathers, the buckets' seconds run
     serially after the backward when they do not overlap (``dp_comm_overlap = false``), and the
-    optimizer seconds of a stage holding ``params`` parameters per rank, with the step's once-per-step
+    optimizer seconds of a stage holding ``params`` parameters per rank (``expert`` of them routed
+    experts, data-parallel over the expert data-parallel group under ZeRO 0/1/2:
+    ``data_parallel.signature_expert_parameters``), with the step's once-per-step
     fp8 weight casts (``weight_cast_s``, ``costs.fp8_weight_cast_s``: run in the first micro-batch, a
     per-step cost of the stage like its optimizer step, so priced beside it)."""
-    grad_sync = grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature))
-    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache) + weight_cast_s
+    grad_sync = grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature),
+                                         expert=expert)
+    optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache, expert=expert) + weight_cast_s
     gathers = param_gather_for_parameters(setup, params, links, cache, signature)
     backward = {"param_gather_backward": gathers.backward, "backward_gather_first_s": gathers.backward_first_unit_s,
                 "backward_gather_tail_share": gathers.backward_tail_share}
@@ -394,10 +397,11 @@ def _class_data_parallel(
     out = []
     for index, (signature, links, links_key) in enumerate(zip(layout.signatures, layout.links, layout.links_keys)):
         setup, keys = class_setup(base, layout, index, base_keys, cache)
-        params = cache.memo(
+        # (all, routed-expert) parameters per rank
+        params, expert = cache.memo(
             "parameters",
             (keys.model, plan.tp, plan.ep, plan.expert_tp, plan.pp if plan.vocab_parallel else plan.pp > 1, signature),
-            lambda: signature_parameters(setup, signature),
+            lambda: signature_parameter_split(setup, signature),
         )
         cast_s = cache.memo("fp8_weight_cast", (keys.chunk, signature),
                             lambda: fp8_weight_cast_s(setup, signature, links))
@@ -407,8 +411,8 @@ def _class_data_parallel(
                      or any(chunk[2] for chunk in signature))
         units = (keys.model, tuple(chunk[:4] for chunk in signature)) if per_chunk else None
         out.append(cache.memo(
-            "data_parallel", (keys.data_parallel, links_key, params, cast_s, units),
-            lambda: _data_parallel_work(setup, params, links, cache, cast_s, signature),
+            "data_parallel", (keys.data_parallel, links_key, params, expert, cast_s, units),
+            lambda: _data_parallel_work(setup, params, links, cache, cast_s, signature, expert),
         ))
     return tuple(out)
 

@@ -1,0 +1,194 @@
+"""MoE expert parameters are data-parallel over the expert data-parallel group ("edp": tp x cp x dp /
+(ep x etp) ranks, every (etp x ep)-th rank of a stage), apart from the dense parameters (over "dp"),
+as Megatron-Core's DDP and distributed optimizer keep them (megatron/core/distributed/
+distributed_data_parallel.py ``expert_parallel_buffers``; megatron/core/optimizer/__init__.py): the
+gradient buckets, the ZeRO-1/2 optimizer shard and its parameter all-gather. ZeRO 3 keeps every
+parameter on the dense group. Dense models are covered by the golden files (unchanged)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from hardware.collectives import Collective, collective_time_s
+from sim import costmodel
+from sim.runner import RunOptions, simulate
+from sim.training.config import parse_training
+from sim.training.costs import group_links, stage_groups, stage_ranks
+from sim.training.data_parallel import (
+    BUCKET_PARAMETERS,
+    closing_gradient_parameters,
+    grad_sync_for_parameters,
+    grad_sync_work,
+    optimizer_bytes_per_parameter,
+    optimizer_time_s,
+    param_gather_work,
+    signature_expert_parameters,
+    signature_parameter_split,
+    signature_parameters,
+    stage_signatures,
+)
+from sim.training.pricing_cache import PricingCache
+from workloads.graph import Op
+
+EXACT = 1e-12
+# Megatron-Bridge's Qwen3 30B-A3B run (published-training.md A10): TP 1, DP 8, EP 8, so every expert
+# lives on one rank of its stage (expert_dp = 1)
+QWEN3_A10 = {
+    "model": {"name": "qwen3-30b-a3b"},
+    "cluster": {"gpu": "h100-sxm-80gb", "node": "dgx-h100", "network": "ib-ndr-fat-tree", "num_gpus": 16},
+    "training": {"seq_len": 4096, "global_batch": 512, "micro_batch": 2, "precision": "fp8",
+                 "framework": "megatron-bridge"},
+    "parallel": {"tp": 1, "pp": 2, "ep": 8, "zero": 1, "schedule": "interleaved", "virtual_stages": 24},
+}
+# Mixtral 8x7B on 64 H100, TP 2 x PP 4 x DP 8 with EP 2: each expert on 2 x 8 / (2 x 2) = 4 ranks
+MIXTRAL_EP2 = {
+    "model": {"name": "mixtral-8x7b"},
+    "cluster": {"gpu": "h100-sxm-80gb", "node": "dgx-h100", "network": "ib-ndr-fat-tree", "num_gpus": 64},
+    "training": {"seq_len": 4096, "global_batch": 64, "micro_batch": 1, "precision": "bf16"},
+    "parallel": {"tp": 2, "pp": 4, "ep": 2, "zero": 1, "sequence_parallel": True, "recompute": "selective"},
+}
+
+
+def _with(config: dict, section: str, **values: object) -> dict:
+    return {**config, section: {**config[section], **values}}
+
+
+def _expert_per_rank(setup, layers: int) -> float:
+    """Closed form: the routed experts of ``layers`` MoE layers on one rank (over etp x ep)."""
+    model, plan = setup.model, setup.plan
+    return layers * model.experts * model.mlp_parameters(model.expert_ffn_hidden) / (plan.expert_tp * plan.ep)
+
+
+def test_expert_group_is_every_etp_x_ep_th_rank_of_the_stage() -> None:
+    setup = parse_training(MIXTRAL_EP2)
+    plan = setup.plan
+    assert (plan.expert_tp, plan.expert_dp) == (2, 4)
+    for stage in range(plan.pp):
+        base = stage * plan.tp * plan.dp
+        assert stage_groups(setup, stage)["edp"] == (base, 4, 4)
+        assert stage_ranks(setup, stage).edp == (base, base + 4, base + 8, base + 12)
+        assert group_links(setup, stage)["edp"].size == 4
+
+
+def test_expert_parameters_split_from_the_stage_parameters() -> None:
+    setup = parse_training(MIXTRAL_EP2)
+    for signature in stage_signatures(setup):
+        params, expert = signature_parameter_split(setup, signature)
+        assert params == signature_parameters(setup, signature)
+        layers = sum(chunk[1] for chunk in signature)  # Mixtral: every layer MoE
+        assert expert == pytest.approx(_expert_per_rank(setup, layers), rel=EXACT)
+        assert 0.0 < expert < params
+    dense = parse_training(_with({**MIXTRAL_EP2, "model": {"name": "llama3-8b"}}, "parallel", ep=1))
+    assert all(signature_expert_parameters(dense, s) == 0.0 for s in stage_signatures(dense))
+
+
+def test_no_expert_gradients_move_when_one_rank_holds_each_expert() -> None:
+    """expert_dp = 1: the stage's buckets carry its dense parameters only."""
+    setup = parse_training(QWEN3_A10)
+    assert setup.plan.expert_dp == 1
+    for stage, signature in enumerate(stage_signatures(setup)):
+        params, expert = signature_parameter_split(setup, signature)
+        assert expert > 0.5 * params  # the experts are most of an MoE stage
+        buckets = grad_sync_work(setup, stage, group_links(setup, stage))
+        moved = sum(b.message_bytes for b in buckets)
+        assert moved == pytest.approx((params - expert) * setup.grad_reduce_bytes, rel=EXACT)
+        assert all(b.axis == "dp" for b in buckets)
+
+
+def test_expert_buckets_reduce_over_the_expert_group_and_merge_in_fill_order() -> None:
+    setup = parse_training(MIXTRAL_EP2)
+    grad_bytes = setup.grad_reduce_bytes
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * setup.plan.dp)
+    cache = PricingCache()
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage, cache)
+        params, expert = signature_parameter_split(setup, signature)
+        closing = closing_gradient_parameters(setup, signature)
+        buckets = grad_sync_work(setup, stage, links, cache)
+        dense = grad_sync_for_parameters(setup, params - expert, links, cache, closing)  # the dense buffer alone
+        experts = Counter(buckets)
+        experts.subtract(Counter(dense))
+        assert min(experts.values()) >= 0  # every dense bucket is in the merged list
+        expert_buckets = list(experts.elements())
+        assert sum(b.message_bytes for b in expert_buckets) == pytest.approx(expert * grad_bytes, rel=EXACT)
+        full = int(expert // bucket)
+        full_s = collective_time_s(Collective.REDUCE_SCATTER, bucket * grad_bytes, links["edp"])
+        left_s = collective_time_s(Collective.REDUCE_SCATTER, (expert - full * bucket) * grad_bytes, links["edp"])
+        assert sorted(b.duration_s for b in expert_buckets) == pytest.approx(sorted([full_s] * full + [left_s]), rel=EXACT)
+        assert all(b.axis == "dp" for b in buckets)  # one data-parallel stream
+        if closing:
+            assert buckets[-1] == dense[-1]  # the embedding's bucket closes the backward
+        # fill order: the k-th full bucket of a buffer of P parameters fills at k x bucket / P of the
+        # backward, a leftover at its end; dense first on ties; the closing (embedding) bucket last
+        dense_params = params - expert
+        opened = dense[:-1] if closing else dense
+        order = sorted(
+            [(min((k + 1) * bucket / dense_params, 1.0), 0, b) for k, b in enumerate(opened)]
+            + [(min((k + 1) * bucket / expert, 1.0), 1, b)
+               for k, b in enumerate(sorted(expert_buckets, key=lambda b: -b.message_bytes))],
+            key=lambda item: item[:2],
+        )
+        assert buckets == tuple(b for *_, b in order) + (dense[-1:] if closing else ())
+
+
+def test_zero1_optimizer_shards_the_experts_over_their_group() -> None:
+    """The shard is dense / (dp x cp) + expert / expert_dp; without dp_comm_overlap the step's
+    parameter all-gather gathers each part over its own group."""
+    config = _with(_with(MIXTRAL_EP2, "training", grad_buffer_passes="shard"), "parallel", dp_comm_overlap=False)
+    setup = parse_training(config)
+    plan, gpu = setup.plan, setup.cluster.gpu
+    per_param = optimizer_bytes_per_parameter("adam", "bf16")
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage)
+        params = signature_parameters(setup, signature)
+        expert = _expert_per_rank(setup, sum(chunk[1] for chunk in signature))
+        dense = params - expert
+        shard = dense / (plan.dp * plan.cp) + expert / plan.expert_dp
+        step = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu,
+                                   precision="bf16", links=links)
+        gather = (collective_time_s(Collective.ALL_GATHER, dense * 2.0, links["dp"])
+                  + collective_time_s(Collective.ALL_GATHER, expert * 2.0, links["edp"]))
+        assert optimizer_time_s(setup, stage, links) == pytest.approx(step + gather, rel=1e-9)
+
+
+def test_zero1_paced_gathers_add_the_expert_buckets_over_their_group() -> None:
+    setup = parse_training(MIXTRAL_EP2)  # megatron-core: bucket-paced ZeRO-1 gathers
+    assert setup.param_gather_pacing == "bucket"
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * setup.plan.dp)
+    links = group_links(setup, 1)  # no embedding or head
+    (chunk,) = stage_signatures(setup)[1]
+    gathers = param_gather_work(setup, 1, links)
+    params = signature_parameters(setup, (chunk,))
+    expert = _expert_per_rank(setup, chunk[1])
+    dense = params - expert
+    full, full_e = int(dense // bucket), int(expert // bucket)
+    dense_s = (full * collective_time_s(Collective.ALL_GATHER, bucket * 2.0, links["dp"])
+               + collective_time_s(Collective.ALL_GATHER, (dense - full * bucket) * 2.0, links["dp"]))
+    expert_s = (full_e * collective_time_s(Collective.ALL_GATHER, bucket * 2.0, links["edp"])
+                + collective_time_s(Collective.ALL_GATHER, (expert - full_e * bucket) * 2.0, links["edp"]))
+    assert gathers.gathers[0].message_bytes == pytest.approx(params * 2.0, rel=EXACT)
+    assert gathers.gathers[0].duration_s == pytest.approx(dense_s + expert_s, rel=1e-9)
+    assert gathers.first_unit_s[0] == pytest.approx(
+        collective_time_s(Collective.ALL_GATHER, (dense - full * bucket) * 2.0, links["dp"]), rel=EXACT)
+    assert gathers.tail_share[0] == pytest.approx(1.0 / (full + 1 + full_e + 1), rel=EXACT)
+
+
+def test_zero3_keeps_every_parameter_on_the_dense_group() -> None:
+    setup = parse_training(_with(MIXTRAL_EP2, "parallel", zero=3))
+    links = group_links(setup, 0)
+    signature = stage_signatures(setup)[0]
+    params = signature_parameters(setup, signature)
+    whole = grad_sync_for_parameters(setup, params, links, None, closing_gradient_parameters(setup, signature))
+    assert grad_sync_work(setup, 0, links) == whole
+    assert sum(b.message_bytes for b in whole) == pytest.approx(params * setup.grad_reduce_bytes, rel=EXACT)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_both_fidelities_agree_on_an_moe_plan(zero: int) -> None:
+    config = _with(MIXTRAL_EP2, "parallel", zero=zero)
+    des = simulate(config, RunOptions(fidelity="des")).metrics()
+    analytic = simulate(config, RunOptions(fidelity="analytic")).metrics()
+    assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=0.03)
+    assert des["exposed_communication_s"]["dp"] > 0.0
