@@ -16,9 +16,9 @@ otherwise).
     PYTHONPATH=. python benchmarks/megatron_strong_scaling.py
 
 On merged main (2026-12): at 96 GPUs, where the bubble is small whatever the schedule, the model
-reads 56.1-56.4 % against the published 47 %: the family's per-micro-batch compute is predicted about 19 %
-fast, as the suite's Megatron-Core rows are (-3.9..-20.5 %, mean -11.9 %). At 4,608 GPUs it reads
-33.8 / 40.9 / 45.5 / 48.8 % at 1 / 2 / 4 / 16 virtual stages against 42 %: under 1F1B the bubble alone
+reads 55.5-55.8 % against the published 47 %: the family's per-micro-batch compute is predicted about 18 %
+fast, as the suite's Megatron-Core rows are (-2.5..-19.7 %, mean -10.9 %). At 4,608 GPUs it reads
+33.5 / 40.5 / 45.1 / 48.3 % at 1 / 2 / 4 / 16 virtual stages against 42 %: under 1F1B the bubble alone
 would cap a run as fast as this model near 34 %, so the published runs were interleaved, which is
 why the suite's pipelined rows run one layer per virtual stage (at 1F1B they had read 3-14 % slow,
 the bubble hiding the fast compute).

@@ -26,15 +26,17 @@ clock factor, ``hardware.cost.sustained_clock_factor``).
 
     PYTHONPATH=. python benchmarks/te_layer_h100_heldout.py
 
-On main (2026-12-06): SP forward 2.19 ms at the sustained clock, 2.07 ms with boost-clock GEMMs,
-against 2.26 ms (min) / 2.5 ms; backward (B + W) 4.09 / 3.84 ms against 4.31 ms (min) / 4.58 ms; TP
-(all-reduces) forward 2.06 and backward 3.66 ms at boost against 2.39 and 4.26 ms. At the clock the
-benchmark ran, the model prices the layer 8-14 % fast against the minima: the per-layer optimism the Megatron-Core H100 rows show (README, Known misses) is already
-there in one layer with no pipeline, no data parallelism and no overlap. Its GEMMs are not where it
-lies (the model's boost-clock GEMMs, 1.20 ms forward, match the nsys 1.18 ms); the attention backward
-is one piece (Fuser PR #4873's nsys of the same layer's backward: PyTorch's FlashAttention-2 backward
-225 us, 143 TFLOP/s, where this model prices FA2 at 131 us and cuDNN at 85 us: 12 heads per GPU at
-batch 1 give the backward grid 192 CTAs of unequal causal work on 132 SMs), the rest is outside the
+On main (2026-12-06), with attention kernels at the grid occupancy of their sequences x heads
+(``hardware.calibration.attention_grid_occupancy``): SP forward 2.21 ms at the sustained clock, 2.09
+ms with boost-clock GEMMs, against 2.26 ms (min) / 2.5 ms; backward (B + W) 4.15 / 3.91 ms against
+4.31 ms (min) / 4.58 ms; TP (all-reduces) forward 2.08 and backward 3.72 ms at boost against 2.39 and
+4.26 ms. At the clock the benchmark ran, the model prices the layer 7-13 % fast against the minima
+(8-14 % before the occupancy): the per-layer optimism the Megatron-Core H100 rows show (README, Known
+misses) is already there in one layer with no pipeline, no data parallelism and no overlap. Its GEMMs
+are not where it lies (the model's boost-clock GEMMs, 1.20 ms forward, match the nsys 1.18 ms), nor
+now its attention (Fuser PR #4873's nsys of the same layer's backward: PyTorch's FlashAttention-2
+backward 225 us, 143 TFLOP/s, which the occupancy of its 12 heads at batch 1 prices at 222 us, 131 us
+at the full-grid rate); the rest, 0.2 ms of the forward's 1.07 ms outside the GEMMs, is outside the
 kernels this model names.
 """
 

@@ -54,6 +54,11 @@ PREFILL_AXES = ("log2_query_tokens", "log2_sequences", "log2_heads", "log2_head_
 # Fused attention surfaces are fitted on bf16 tables and apply to 16-bit attention (llmsim runs fused
 # attention in bf16 even under fp8 GEMMs, ``sim.costmodel.attention_precision``).
 ATTENTION_PRECISIONS = ("bf16", "fp16")
+# The grid the analytic attention kernels reproduce: the FlashAttention 2 / 3 papers' benchmarks,
+# whose bars the FA2 fit and the cuDNN and FA1 rates come from (arXiv 2307.08691 Sec. 4.1, "batch size
+# so that the total number of tokens is 16k", hidden dimension 2048: 2048 / head_dim heads)
+ATTENTION_REFERENCE_TOKENS = 16384
+ATTENTION_REFERENCE_WIDTH = 2048
 DECODE_AXES = ("log2_keys", "log2_sequences_x_kv_heads", "log2_head_dim", "log2_group")
 # Grid coordinates are stored rounded to 6 decimals (log2 units); a shape on the grid's edge must not
 # fall outside coverage by that rounding.
@@ -204,6 +209,32 @@ class CalibrationProfile:
                 math.log2(head_dim), math.log2(heads / kv_heads),
             ))
         return None
+
+    def attention_grid_occupancy(
+        self, *, precision: str, num_sequences: int, query_tokens: int, heads: int, head_dim: int,
+    ) -> float | None:
+        """The share of its benchmarked rate a causal prefill-shaped attention kernel keeps with
+        ``num_sequences`` x ``heads`` (its grid: sequences x heads x query blocks thread blocks): the
+        measured prefill surface at this shape over its value at the FlashAttention benchmarks' grid
+        of the same sequence length and head dim (ATTENTION_REFERENCE_TOKENS tokens in all,
+        ATTENTION_REFERENCE_WIDTH / head_dim heads), where the analytic kernels were fitted; at most 1.
+        With fewer sequences and heads the kernel's thread blocks, of unequal causal work, leave SMs
+        idle: the H100 surface falls to 0.59 of the benchmarks' value at one sequence of 2,048 tokens
+        with 12 heads. None where the profile has no prefill surface or the shape is outside it."""
+        if self.attention_prefill is None or precision not in ATTENTION_PRECISIONS:
+            return None
+        if num_sequences < 1 or query_tokens < num_sequences or head_dim > ATTENTION_REFERENCE_WIDTH:
+            return None
+        per_sequence = query_tokens / num_sequences
+        reference_sequences = max(1.0, ATTENTION_REFERENCE_TOKENS / per_sequence)
+        log_length, log_dim = math.log2(per_sequence), math.log2(head_dim)
+        here = self.attention_prefill.ratio((log_length, math.log2(num_sequences), math.log2(heads), log_dim))
+        reference = self.attention_prefill.ratio(
+            (log_length, math.log2(reference_sequences), math.log2(ATTENTION_REFERENCE_WIDTH / head_dim), log_dim)
+        )
+        if here is None or reference is None:
+            return None
+        return min(1.0, here / reference)
 
     def memory_efficiency(self, bytes_moved: float) -> float | None:
         return None if self.memory is None or bytes_moved <= 0 else self.memory.at(bytes_moved)
@@ -413,6 +444,9 @@ class ShippedProfile:
 
     def attention_ratio(self, **kwargs: Any) -> float | None:
         return self.profile.attention_ratio(**kwargs)
+
+    def attention_grid_occupancy(self, **kwargs: Any) -> float | None:
+        return self.profile.attention_grid_occupancy(**kwargs)
 
     def memory_efficiency(self, bytes_moved: float) -> float | None:
         return self.profile.memory_efficiency(bytes_moved)

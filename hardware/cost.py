@@ -486,11 +486,21 @@ def attention_time_from_totals_s(
         bytes_moved *= 2.0
     kernel_s = max(compute_s, hbm_time_s(gpu, bytes_moved))
     calibration = gpu.calibration
-    if calibration is not None and num_sequences is not None and kernel == "flash":
-        ratio = calibration.attention_ratio(
-            precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens, heads=heads,
-            kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
-        )
+    if calibration is not None and num_sequences is not None:
+        ratio = None
+        if kernel == "flash":
+            ratio = calibration.attention_ratio(
+                precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens,
+                heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
+            )
+        if ratio is None and causal and key_tokens == query_tokens and head_dim == v_dim:
+            # a kernel the profile did not time (a backward, another library's kernel) at a
+            # prefill shape: its grid of sequences x heads x query blocks fills the GPU as the
+            # measured kernel's does
+            ratio = calibration.attention_grid_occupancy(
+                precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, heads=heads,
+                head_dim=head_dim,
+            )
         if ratio is not None:
             kernel_s = calibrated_kernel_s(gpu, kernel_s, ratio, bytes_moved)
     return kernel_s + launch_overhead_s(gpu)

@@ -28,7 +28,7 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 
-# Iteration time: regression bounds at today's errors (MAPE 7.1 %, worst 19.5 %: the Megatron-Core
+# Iteration time: regression bounds at today's errors (MAPE 7.0 %, worst 19.7 %: the Megatron-Core
 # H100 1.7B row); issue 11's target is 7 % / 15 % over these and the modern rows together. Memory
 # within 10 %.
 THRESHOLDS = (
@@ -54,8 +54,13 @@ THRESHOLDS = (
     # signed +1.2 -> -5.1 %: the nine rows are 3.9-20.5 % fast, mean -11.9 % (see TRAINING_NOTES). Worst row
     # tightened 20.6 % -> 19.6 % by the embedding's gradient reduced after the backward
     # (closing_gradient_parameters): the nine rows 4.0-19.5 % fast, mean -11.3 %; MAPE 7.1 %, signed -4.9 %
-    # (analytic 7.3 %, which the MAPE limit still holds)
-    Threshold(metric="iteration_time_s", max_mape=0.074, max_row_error=0.196),
+    # (analytic 7.3 %, which the MAPE limit still holds). Worst row loosened 19.6 % -> 19.8 % by the
+    # attention grid occupancy (hardware.calibration attention_grid_occupancy): the TP-sharded rows' few
+    # heads per GPU slow their attention (119B / 177B -16.6 -> -15.5 / -15.7 %, 70B -4.0 -> -2.5 %) while
+    # the 1.7B's grid is the FlashAttention benchmarks' own, and its attention dropout, re-derived over the
+    # model's new kernel price of TE#3312's shape (ATTENTION_DROPOUT_RATE 0.896 -> 0.916), costs less:
+    # 1.7B -19.5 -> -19.7 %; MAPE 7.1 -> 7.0 % (analytic 7.2 %), signed -4.9 -> -4.8 %
+    Threshold(metric="iteration_time_s", max_mape=0.074, max_row_error=0.198),
     Threshold(metric="model_states_bytes", max_mape=0.10, max_row_error=0.10),
     Threshold(metric="activations_bytes", max_mape=0.10, max_row_error=0.10),
 )
@@ -340,7 +345,7 @@ def memory_comparisons() -> list[Comparison]:
 # fp8 row -13.1 -> -14.5 %; analytic 5.3 %), limits 5.4 / 14.6 %. Every row must fit (require_fit): the loss's memory
 # per logit (CROSS_ENTROPY_MEMORY) had read llm-foundry's MPT-7B on 128 A100 40 GB over capacity with
 # torch's 12 B at its peak.
-MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.054, max_row_error=0.146),)
+MODERN_THRESHOLDS = (Threshold(metric="iteration_time_s", max_mape=0.051, max_row_error=0.146),)
 MISSING_MECHANISMS = (
     "rows of the 2023-25 stacks are predicted 4.4 % too fast on average (the 24 rows before torchtitan A12; the seven counted torchtitan rows are -7.6..+1.7 % on the measured EFA bandwidth with their eager elementwise ops, torch's own cross-entropy, the root unit's reduce-scatter after the backward and the units FSDP keeps gathered for it, and the 31 counted rows -3.8 %; with A9's two Nemotron rows, -10.6 / -8.8 %, and A10's Llama 3.1 405B, -5.1 %, the 34 counted rows -4.1 %). Modelled: the split of the fused QKV output into views, whose backward concatenates dQ, dK, dV, and Transformer Engine's copy of V after RoPE (qkv_split); fp8 GEMMs with fast accumulation "
     "in forward and Transformer Engine's split accumulator in dgrad and wgrad (the fp8 MAMF, 1.1x slower; "
@@ -355,7 +360,7 @@ MISSING_MECHANISMS = (
     "overlap GEMM by GEMM (ring-exchange GEMMs in tp chunks of m/tp rows, pipeline GEMMs in 4 chunks, bulk GEMMs "
     "on the SMs the 16-SM communication kernel leaves) and the sequence-parallel re-gather of each TP GEMM's input "
     "for its weight gradient; hidden and attention dropout where the recipe sets it (NeMo GPT-3: 0.1; the "
-    "bias-dropout-add masks and the fused attention kernel at 0.896 of its rate: NVIDIA/TransformerEngine#3312's +0.020 ms for dropout 0.1 on H200 cuDNN over this model's 0.172 ms kernel price of that shape, not over its 0.594 ms wall time, 29 % kernels: nemo-gpt3-5b / 20b -12.2 / -7.0 -> -11.2 / -6.3 %, 175b +5.0 / +5.1 -> +5.4 / +5.5 %); the flash-attn 2 library kernel at the FA2 rate for NeMo 24.07 (its launcher sets NVTE_FUSED_ATTN=0) and MLPerf v3.1 (flash-attn 2.0.8 ahead of cuDNN), not the profiles' TensorRT-LLM attention rows; cuDNN fused attention for Megatron-Bridge (NeMo 25.11: TE 2.x gives FusedAttention preference on Hopper and the recipes keep attention_backend auto) at its H100 rate relative to FA2 from the FlashAttention-3 paper's cuDNN bars (1.61x forward, 1.57x backward at head dim 128; attention_kernel cudnn): bridge-llama3-8b / 70b +10.4 / +11.5 -> -0.0 / +5.6 %, 6.0 -> 5.3 %, signed -2.7 -> -3.4 %; fp8 weight casts (cast + transpose, 4 bytes per weight) once per step, in the first micro-batch (is_first_microbatch); TE 1.x's blocking amax all-reduce over the stage's ranks in each chunk's forward and backward (NeMo 24.07). The NeMo GPT-3 rows run the 24.07 launcher configs: no activation recompute, and no TP overlap for 175B (ub_tp_comm_overlap: False), with biases (NeMo's bias: True): Megatron-Core adds the output-projection and MLP biases in bias_dropout_add / bias_gelu and autograd reduces their gradients in column sums of their own (linear_bias skip_bias_add), and TE 1.x's flash-attn backend copies Q, K, V into [b, s] order and (micro-batch > 1) its output back (attention_layout flash_bshd): nemo-gpt3-5b -14.8 -> -12.2 %, 20b -9.1 -> -7.0 %, 175b +4.0 / +3.8 -> +5.0 / +5.1 %. The same FlashAttention code in the MLPerf v3.0 / v3.1 TE (release_v0.8, 09ba8427) copies the packed QKV into [b, s] order and, behind TransformerLayer's no-op split backward, its gradient back (fa_prepare_fwd / fa_prepare_bwd, 75.5 MB each way per layer per micro-batch on a TP4 rank; no output copy at micro-batch 1; attention_layout flash_bshd on nemo-1.17 / nemo-1.20): the five MLPerf rows -7.1 / -7.4 / -3.9 / -8.2 / -8.7 -> -6.3 / -6.7 / -3.1 / -7.4 / -7.9 %, 6.1 -> 6.0 %. "
+    "bias-dropout-add masks and the fused attention kernel at 0.916 of its rate (0.896 before the attention grid occupancy): NVIDIA/TransformerEngine#3312's +0.020 ms for dropout 0.1 on H200 cuDNN over this model's 0.218 ms kernel price of that shape (0.172 ms before), not over its 0.594 ms wall time, 37 % kernels: nemo-gpt3-5b / 20b -12.2 / -7.0 -> -11.2 / -6.3 %, 175b +5.0 / +5.1 -> +5.4 / +5.5 %); the flash-attn 2 library kernel at the FA2 rate for NeMo 24.07 (its launcher sets NVTE_FUSED_ATTN=0) and MLPerf v3.1 (flash-attn 2.0.8 ahead of cuDNN), not the profiles' TensorRT-LLM attention rows; cuDNN fused attention for Megatron-Bridge (NeMo 25.11: TE 2.x gives FusedAttention preference on Hopper and the recipes keep attention_backend auto) at its H100 rate relative to FA2 from the FlashAttention-3 paper's cuDNN bars (1.61x forward, 1.57x backward at head dim 128; attention_kernel cudnn): bridge-llama3-8b / 70b +10.4 / +11.5 -> -0.0 / +5.6 %, 6.0 -> 5.3 %, signed -2.7 -> -3.4 %; fp8 weight casts (cast + transpose, 4 bytes per weight) once per step, in the first micro-batch (is_first_microbatch); TE 1.x's blocking amax all-reduce over the stage's ranks in each chunk's forward and backward (NeMo 24.07). The NeMo GPT-3 rows run the 24.07 launcher configs: no activation recompute, and no TP overlap for 175B (ub_tp_comm_overlap: False), with biases (NeMo's bias: True): Megatron-Core adds the output-projection and MLP biases in bias_dropout_add / bias_gelu and autograd reduces their gradients in column sums of their own (linear_bias skip_bias_add), and TE 1.x's flash-attn backend copies Q, K, V into [b, s] order and (micro-batch > 1) its output back (attention_layout flash_bshd): nemo-gpt3-5b -14.8 -> -12.2 %, 20b -9.1 -> -7.0 %, 175b +4.0 / +3.8 -> +5.0 / +5.1 %. The same FlashAttention code in the MLPerf v3.0 / v3.1 TE (release_v0.8, 09ba8427) copies the packed QKV into [b, s] order and, behind TransformerLayer's no-op split backward, its gradient back (fa_prepare_fwd / fa_prepare_bwd, 75.5 MB each way per layer per micro-batch on a TP4 rank; no output copy at micro-batch 1; attention_layout flash_bshd on nemo-1.17 / nemo-1.20): the five MLPerf rows -7.1 / -7.4 / -3.9 / -8.2 / -8.7 -> -6.3 / -6.7 / -3.1 / -7.4 / -7.9 %, 6.1 -> 6.0 %. "
     "The H100's sustained clock under its 700 W limit, 1,660 of 1,830 MHz (catalog sustained_clock_source: the "
     "aiconfigurator tables' long-burst rows, Azure's sustained fp8 cuBLASLt table), prices every GEMM; the "
     "shipped H100 profile is fitted at the boost clock its short-burst tables ran at (gemm_clock): 9.0 -> 6.4 %, "
@@ -394,18 +399,20 @@ MISSING_MECHANISMS = (
     "the validation runs) at their own interleaving 12 and stay the worst; see the closing note of issue 11",
 )
 TRAINING_NOTES = (
-    "the 2021-22 Megatron rows are predicted 1.9 % fast on average and the Megatron-Core H100 rows 11.3 % fast "
+    "the 2021-22 Megatron rows are predicted 1.9 % fast on average and the Megatron-Core H100 rows 10.9 % fast "
     "(all run Megatron's default hidden and attention dropout 0.1, modelled; the Megatron-Core rows pay its DDP's "
     "zeroing, NaN-check norm and 1/dp pre-scaling of the whole fp32 gradient buffer each iteration, "
     "grad_buffer_passes, and the concatenation of the QKV split's gradients with Transformer Engine's copy of V "
     "after RoPE, qkv_split). The Megatron-Core rows run the plan their evidence implies (the 1.7B row's "
-    "assumptions: one micro-batch of 4 without a pipeline, one layer per virtual stage with one): 1.7B -19.5, 7.1B "
-    "-13.2, 16B -9.3, 32B -4.8, 70B -4.0, 119B -16.6, 177B -16.6, 314B -8.4, 462B -9.3 % (with the embedding's "
-    "gradient reduced after the backward, closing_gradient_parameters: -20.5..-3.9 % before). At micro-batch 1 and 1F1B "
+    "assumptions: one micro-batch of 4 without a pipeline, one layer per virtual stage with one): 1.7B -19.7, 7.1B "
+    "-13.4, 16B -9.4, 32B -4.7, 70B -2.5, 119B -15.5, 177B -15.7, 314B -7.9, 462B -8.9 % (with the embedding's "
+    "gradient reduced after the backward, closing_gradient_parameters: -20.5..-3.9 % before; with the attention "
+    "grid occupancy of the TP-sharded rows' few heads per GPU, hardware.calibration attention_grid_occupancy: "
+    "119B / 177B -16.6 / -16.6 % before). At micro-batch 1 and 1F1B "
     "they had read -17.0..+44.1 % (signed +7.8 %): the 1F1B bubble and the 32B's exposed reduce-scatter hid the same "
     "optimism. Its size where nothing but a micro-batch's compute counts: the README's strong-scaling 177B at 96 "
-    "GPUs (576 micro-batches, data parallelism 2) reads 56.3 % MFU against the published 47 % "
-    "(benchmarks/megatron_strong_scaling.py), and 1.7B at one GPU per replica -19.5 %. Nothing sourced explains it "
+    "GPUs (576 micro-batches, data parallelism 2) reads 55.7 % MFU against the published 47 % "
+    "(benchmarks/megatron_strong_scaling.py), and 1.7B at one GPU per replica -19.7 %. Nothing sourced explains it "
     "(host dispatch, modelled at 13.48 us per op from torch.nn.Linear's forward on a DGX H100 host, "
     "TransformerEngine#2053, does not bind at their shapes: it would take about 145 us per modelled op to explain "
     "the 1.7B row; their memory-bound kernels are priced at 2.2-2.6 TB/s, near the H100's modelled stream rate; "
@@ -413,8 +420,8 @@ TRAINING_NOTES = (
     "(attention_kernel cudnn, at the FlashAttention-3 paper's H100 cuDNN / FA2 ratios, 1.61x forward and 1.57x "
     "backward at head dim 128), and that made the 1.7B / 7.1B rows faster still (-12.0 / -8.0 -> -18.5 / -12.6 % at "
     "micro-batch 1). Attention dropout is not the rest: NVIDIA/TransformerEngine#3312's 0.594 / 0.614 ms cuDNN "
-    "forward + backward (4 sequences of 1,024 tokens on H200) is 71 % outside the kernels by this model's 0.172 ms "
-    "kernel price, so its +0.020 ms is priced on the kernel time, 0.896 of the kernel's rate instead of 0.967; even "
+    "forward + backward (4 sequences of 1,024 tokens on H200) is 63 % outside the kernels by this model's 0.218 ms "
+    "kernel price, so its +0.020 ms is priced on the kernel time, 0.916 of the kernel's rate instead of 0.967; even "
     "FlashAttention-1's A100 compute-bound 0.806 (arXiv 2205.14135 Tables 17 / 20, head dim 64) would leave the 1.7B "
     "at micro-batch 1 at -16.2 %: its attention is 13 % of the modelled step. Unmeasured: the fp32 main-gradient "
     "epilogue of the weight-gradient GEMMs (priced as hidden; reading and writing 8 bytes per output element is "

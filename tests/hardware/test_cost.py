@@ -350,13 +350,15 @@ def test_shipped_fp8_surface_is_the_gemm_without_its_activation_quantization() -
 
 def test_flash2_library_kernel_is_the_fa2_fit_with_or_without_a_profile() -> None:
     # a shipped profile's attention rows measure TensorRT-LLM's context FMHA: they price "flash" and
-    # leave "flash2" (the flash-attn 2 library kernel) at the FA2 fit the analytic GPU gives
+    # leave "flash2" (the flash-attn 2 library kernel) at the FA2 fit the analytic GPU gives on the grid
+    # the fit comes from, the FlashAttention benchmarks' 16k tokens x 16 heads of 128 (elsewhere it pays
+    # the measured surface's grid occupancy: tests/hardware/test_attention_grid_occupancy.py)
     from hardware.catalog import get_gpu as shipped_gpu
 
     shipped, analytic = shipped_gpu("h100-sxm-80gb"), get_gpu("h100-sxm-80gb")
     assert shipped.calibration is not None
-    args = dict(heads=32, kv_heads=32, head_dim=128, precision="bf16", bytes_per_element=2)
-    seqs = [(4096, 4096)]
+    args = dict(heads=16, kv_heads=16, head_dim=128, precision="bf16", bytes_per_element=2)
+    seqs = [(4096, 4096)] * 4
     for backward in (False, True):
         fa2 = cost.attention_time_s(shipped, seqs, kernel="flash2", backward=backward, **args)
         assert fa2 == cost.attention_time_s(analytic, seqs, kernel="flash2", backward=backward, **args)

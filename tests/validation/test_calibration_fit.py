@@ -101,10 +101,22 @@ def test_profile_toml_round_trip_and_cost_use(tmp_path) -> None:
     for kwargs in ({"k": 65536}, {"precision": "fp8", "bytes_per_element": 1}, {"batch": 4}):
         args = {"m": 1000, "n": 4096, "k": 4096, "precision": "bf16", "bytes_per_element": 2, **kwargs}
         assert cost.gemm_time_s(calibrated, **args) == cost.gemm_time_s(analytic, **args)
-    # attention backward (not in the forward tables) stays analytic; forward prefill is calibrated
+    # attention backward (not in the forward tables) stays analytic at the FlashAttention benchmarks' grid
+    # (16k tokens, 16 heads of 128) and pays the fitted surface's grid occupancy elsewhere; forward prefill
+    # is calibrated
+    kw = {"heads": 16, "kv_heads": 16, "head_dim": 128, "precision": "bf16", "bytes_per_element": 2}
+    benchmark_grid = [(2048, 2048)] * 8
+    assert (cost.attention_time_s(calibrated, benchmark_grid, backward=True, **kw)
+            == cost.attention_time_s(analytic, benchmark_grid, backward=True, **kw))
     seqs = [(2048, 2048)] * 4
     kw = {"heads": 32, "kv_heads": 8, "head_dim": 128, "precision": "bf16", "bytes_per_element": 2}
-    assert cost.attention_time_s(calibrated, seqs, backward=True, **kw) == cost.attention_time_s(analytic, seqs, backward=True, **kw)
+    share = calibrated.calibration.attention_grid_occupancy(precision="bf16", num_sequences=4, query_tokens=8192,
+                                                            heads=32, head_dim=128)
+    assert share is not None and 0.0 < share <= 1.0
+    launch = cost.launch_overhead_s(calibrated)
+    assert (cost.attention_time_s(calibrated, seqs, backward=True, **kw) - launch
+            == pytest.approx((cost.attention_time_s(analytic, seqs, backward=True, **kw) - cost.launch_overhead_s(analytic)) / share,
+                             rel=1e-12))
     assert cost.attention_time_s(calibrated, seqs, **kw) != cost.attention_time_s(analytic, seqs, **kw)
     assert math.isfinite(cost.attention_time_s(calibrated, [(1, 4096)] * 16, **kw))
 

@@ -36,11 +36,11 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 1.7B row (-19.5 %: the family's per-micro-batch compute is predicted fast; see
+    # the Megatron-Core H100 1.7B row (-19.7 %: the family's per-micro-batch compute is predicted fast; see
     # TRAINING_NOTES) sits at the limit
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
-    assert threshold.max_mape <= 0.074 and threshold.max_row_error <= 0.196
+    assert threshold.max_mape <= 0.074 and threshold.max_row_error <= 0.198
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
@@ -95,7 +95,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.054 and MODERN_THRESHOLDS[0].max_row_error <= 0.146
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.051 and MODERN_THRESHOLDS[0].max_row_error <= 0.146
     # the torchtitan Llama 2 70B local-batch-1 row (+74.6 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
@@ -116,11 +116,13 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # gathers in fp8 (fp8_all_gather) move the TP 2 20B from -6.3 to -6.9 %, the TP 4 175B rows without TP
     # overlap from +5.4 / +5.5 to +1.7 / +1.6 %
     assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.07
-    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.02 and abs(errors["nemo-gpt3-175b-512"]) <= 0.02
+    # (+1.7 / +1.6 -> +3.6 / +2.4 % with their 24 heads per GPU at batch 1 paying the attention grid occupancy)
+    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.037 and abs(errors["nemo-gpt3-175b-512"]) <= 0.025
     # Megatron-Bridge on TE 2.x runs cuDNN fused attention on Hopper (attention_kernel cudnn): the two
     # NeMo 25.11 H100 rows within 0.1 % and 5.5 % at this fidelity (were +10.4 %, +11.5 % on the FA2 rate)
-    # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward)
-    assert abs(errors["bridge-llama3-8b"]) <= 0.002 and abs(errors["bridge-llama3-70b"]) <= 0.058
+    # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward; the 8B's 32
+    # heads over TP 1 at batch 1 pay the attention grid occupancy: +0.6 %)
+    assert abs(errors["bridge-llama3-8b"]) <= 0.007 and abs(errors["bridge-llama3-70b"]) <= 0.058
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
@@ -142,8 +144,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.15 and abs(errors["nemo-llama2-7b"]) <= 0.16
     # the FA1-class kernel at FA1's hd128 fraction of FA2 (0.464, not one 0.53) brings the long-sequence
     # llm-foundry H100 row within 3 % (was -11.2 %); the H100's sustained clock (1,660 of 1,830 MHz) moved it
-    # from -1.0 to +3.9 %, bound 3 -> 4 %
-    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.04
+    # from -1.0 to +3.9 %, bound 3 -> 4 %; +4.0 % (bound 4.1 %) with its FA1-class kernel's 8 sequences x 32
+    # heads at 0.98 of the FlashAttention benchmarks' rate (attention grid occupancy)
+    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.041
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
     # per-block FSDP units (its whole-model first gather is no longer exposed); -12.9 % with torch's own
