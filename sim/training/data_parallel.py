@@ -3,7 +3,7 @@ the ZeRO-3 / FSDP parameter gathers and the optimizer step (with CPU and NVMe of
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import Tier
@@ -212,11 +212,22 @@ def signature_parameter_split(setup: TrainingSetup, signature: tuple[ChunkSignat
 
 def splits_expert_data_parallel(setup: TrainingSetup) -> bool:
     """True where the expert parameters are data-parallel over the expert data-parallel group
-    ("edp") apart from the dense ones (over "dp"): ZeRO 0/1/2 without HSDP, as Megatron-Core's DDP
-    and distributed optimizer run them (``signature_expert_parameters``). ZeRO-3 / FSDP and HSDP keep
-    every parameter on the dense groups: the remaining simplification."""
-    plan = setup.plan
-    return plan.zero != 3 and not plan.hsdp
+    ("edp") apart from the dense ones (over "dp"): every ZeRO stage without HSDP.
+
+    ZeRO 0/1/2 as Megatron-Core's DDP and distributed optimizer run them
+    (``signature_expert_parameters``). ZeRO-3 / FSDP as the FSDP implementations with expert
+    parallelism shard them: torchtitan ``fully_shard``s each MoE block's routed experts over the
+    ``dp_shard_mod_ep`` mesh (dp_shard x cp / ep ranks, x tp with etp = 1: torchtitan/distributed/
+    parallel_dims.py ``ParallelDims._build_mesh_with_ep``, August 2025), the rest of the block over
+    dp_shard x cp (torchtitan/experiments/llama4/infra/parallelize.py ``apply_fsdp``, July 2025; now
+    torchtitan/distributed/fsdp.py ``apply_fsdp_to_decoder``: a per-parameter mesh, the experts on
+    ``edp_mesh["efsdp"]`` = dp_shard x cp x tp / ep), and Megatron-Core's custom FSDP keeps the expert
+    parameters in buffers over the expert data-parallel group
+    (megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py
+    ``FullyShardedDataParallel._init_fsdp_param_and_grad_buffer``: ``ParamAndGradBuffer(...,
+    expert_data_parallel_group=...)``). HSDP keeps every parameter on the dense shard and replicate
+    groups: the remaining simplification."""
+    return not setup.plan.hsdp
 
 
 def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
@@ -273,7 +284,7 @@ def grad_sync_work(
     inside the node and all-reduces the 1/shard result across nodes. Gradients travel in
     ``setup.grad_reduce_dtype`` (the stack's rule: fp32 for bf16/fp8 training as Megatron's main grads,
     16-bit for fp16; bf16 with --grad-reduce-in-bf16). All full buckets have one size, so they are priced once.
-    Under ZeRO 0/1/2 an MoE stage's routed experts have buckets of their own over the expert
+    Without HSDP an MoE stage's routed experts have buckets of their own over the expert
     data-parallel group (``grad_sync_for_parameters``).
     """
     signature = stage_signatures(setup)[stage]
@@ -306,17 +317,19 @@ def grad_sync_for_parameters(
     completes last (``closing_gradient_parameters``); the last is ready when the backward ends.
 
     ``expert``: the routed-expert parameters among ``params`` (``signature_expert_parameters``).
-    Under ZeRO 0/1/2 without HSDP (``splits_expert_data_parallel``) they form a buffer of their own,
+    Without HSDP (``splits_expert_data_parallel``) they form a buffer of their own,
     as Megatron-Core's DDP keeps them (megatron/core/distributed/distributed_data_parallel.py
     ``DistributedDataParallel.__init__``: ``expert_parallel_buffers`` reduced over
     ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0, with the dense buffers'
-    ``bucket_size``): buckets of the same size over the expert data-parallel group "edp" (none when
-    it is one rank), the dense rest over "dp" as before, all on the one data-parallel stream
+    ``bucket_size``; ZeRO-3 below): buckets of the same size over the expert data-parallel group
+    "edp" (none when it is one rank), the dense rest over "dp" as before, all on the one data-parallel stream
     (``CommWork`` axis "dp"). The two lists merge in the order their buckets fill during the
     backward: by the fraction of the backward (parameters so far / the buffer's) at which each
     becomes full, dense first on ties, each buffer's leftover at the end of the backward, the dense
-    closing bucket (with the embedding) last. ZeRO-3 / HSDP reduce every parameter over the dense
-    groups (the remaining simplification)."""
+    closing bucket (with the embedding) last. ZeRO-3 / FSDP reduce-scatters the same way, the
+    experts' gradients over "edp" (torchtitan's experts ``fully_shard``ed over ``dp_shard_mod_ep``,
+    Megatron-Core custom FSDP's expert buffers: ``splits_expert_data_parallel``). HSDP reduces every
+    parameter over the dense shard and replicate groups (the remaining simplification)."""
     plan = setup.plan
     cache = cache if cache is not None else PricingCache()
     collective = cache.collective_s
@@ -506,14 +519,16 @@ def param_gather_work(
 ) -> ParamGathers:
     """The parameter gathers of ``stage`` (``param_gather_for_parameters``)."""
     signature = stage_signatures(setup)[stage]
-    return param_gather_for_parameters(setup, signature_parameters(setup, signature), links, cache, signature)
+    params, expert = signature_parameter_split(setup, signature)
+    return param_gather_for_parameters(setup, params, links, cache, signature, expert=expert)
 
 
 def param_gather_for_parameters(
     setup: TrainingSetup, params: float, links: Mapping[str, GroupLinks], cache: PricingCache | None,
-    signature: tuple[ChunkSignature, ...],
+    signature: tuple[ChunkSignature, ...], expert: float = 0.0,
 ) -> ParamGathers:
-    """The gathers of a stage holding ``params`` parameters per rank in the chunks ``signature``.
+    """The gathers of a stage holding ``params`` parameters per rank in the chunks ``signature``
+    (``expert`` of them routed experts, ``signature_expert_parameters``).
 
     ``fsdp_unit = "chunk"``: one collective of the chunk's parameters (the stage's split evenly over
     its chunks), waited on whole before the chunk's F or B. ``"layer"`` (torch FSDP with per-block
@@ -525,16 +540,28 @@ def param_gather_for_parameters(
     its last ``tail_share`` = 1 / layers (the last layer's, with the embedding and LM head spread
     over the layers) waits for the last unit (``pipeline_des``). Units the stack keeps gathered from
     their forward to their backward (``fsdp_kept_after_forward``) are left out of the gather before
-    the B (``ParamGathers.backward``), which runs the layers in backward order."""
+    the B (``ParamGathers.backward``), which runs the layers in backward order.
+
+    An MoE model's routed experts are sharded over the expert data-parallel group "edp"
+    (``splits_expert_data_parallel``: torchtitan's ``fully_shard`` of the experts over
+    ``dp_shard_mod_ep`` / ``efsdp``, Megatron-Core custom FSDP's expert buffers): each unit gathers its
+    dense part over "dp" and its expert part over "edp" (nothing over a group of one rank), both on the
+    one data-parallel stream, so its seconds are the sum of the two all-gathers and its bytes those
+    gathered. A "chunk" unit splits the stage's experts evenly over its chunks as its parameters."""
     plan = setup.plan
     group = links["dp_shard"] if plan.hsdp else links["dp"]
     if paces_param_gather(setup):
         return bucket_paced_gathers(setup, links, cache, signature)
-    if plan.zero != 3 or group.size <= 1:
+    if plan.zero != 3:
+        return NO_GATHERS
+    expert_group = links["edp"] if setup.model.is_moe and splits_expert_data_parallel(setup) else None
+    if group.size <= 1 and (expert_group is None or expert_group.size <= 1):
         return NO_GATHERS
     collective = cache.collective_s if cache is not None else collective_time_s
     if setup.fsdp_unit not in FSDP_UNITS:
         raise ValueError(f"fsdp_unit {setup.fsdp_unit!r}; allowed: {', '.join(FSDP_UNITS)}")
+    if expert_group is not None:
+        return _split_expert_gathers(setup, params, expert, group, expert_group, collective, signature)
     if setup.fsdp_unit == "chunk":
         per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
         seconds = collective(Collective.ALL_GATHER, per_chunk, group)
@@ -566,6 +593,68 @@ def param_gather_for_parameters(
         forward.append(gathered(root, layers))
         if kept != "none":
             # before the B: the layers not kept since its F, the last first (the root unit is kept)
+            last_kept = kept == "root_last_layer" and chunk[3] and layers
+            backward.append(gathered(0.0, layers[::-1][1:] if last_kept else layers[::-1]))
+    gathers = ParamGathers(*(tuple(column) for column in zip(*forward))) if forward else NO_GATHERS
+    if not backward:
+        return gathers
+    whole, first, tail = (tuple(column) for column in zip(*backward))
+    return gathers._replace(backward=whole, backward_first_unit_s=first, backward_tail_share=tail)
+
+
+def _split_expert_gathers(
+    setup: TrainingSetup, params: float, expert: float, group: GroupLinks, expert_group: GroupLinks,
+    collective: Callable[[Collective, float, GroupLinks], float], signature: tuple[ChunkSignature, ...],
+) -> ParamGathers:
+    """``param_gather_for_parameters`` of an MoE model's ZeRO-3 stage whose routed experts are
+    sharded over ``expert_group`` ("edp") and the rest over ``group`` ("dp"): each unit's all-gather
+    is its dense part's over "dp" plus its expert part's over "edp", either left out on one rank."""
+    plan = setup.plan
+    gather_dense, gather_expert = group.size > 1, expert_group.size > 1
+    unit_s: dict[tuple[float, float], tuple[float, float]] = {}  # (bytes, seconds) by (dense, expert) params
+
+    def unit(dense: float, experts: float) -> tuple[float, float]:
+        """(gathered bytes, seconds) of one unit holding ``dense`` and ``experts`` 16-bit parameters."""
+        key = (dense, experts)
+        if key not in unit_s:
+            nbytes = seconds = 0.0
+            if gather_dense and dense > 0.0:
+                nbytes += dense * 2.0
+                seconds += collective(Collective.ALL_GATHER, dense * 2.0, group)
+            if gather_expert and experts > 0.0:
+                nbytes += experts * 2.0
+                seconds += collective(Collective.ALL_GATHER, experts * 2.0, expert_group)
+            unit_s[key] = (nbytes, seconds)
+        return unit_s[key]
+
+    if setup.fsdp_unit == "chunk":
+        per_chunk, seconds = unit((params - expert) / plan.virtual_stages, expert / plan.virtual_stages)
+        gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
+        chunks = plan.virtual_stages
+        return ParamGathers((gather,) * chunks, (seconds,) * chunks, (0.0,) * chunks)
+    kept = setup.fsdp_kept_after_forward
+    if kept not in FSDP_KEPT_AFTER_FORWARD:
+        raise ValueError(f"fsdp_kept_after_forward {kept!r}; allowed: {', '.join(FSDP_KEPT_AFTER_FORWARD)}")
+    split = {moe: _layer_parameter_split(setup, moe) for moe in (False, True)}
+
+    def gathered(root: float, layers: list[tuple[float, float]]) -> tuple[CommWork, float, float]:
+        """One gather of a root unit of ``root`` (dense) parameters then of ``layers`` ((dense, expert)
+        parameters each): the whole, its first unit's seconds and the share waiting for the last."""
+        units = [unit(root, 0.0)] if root > 0.0 and gather_dense else []
+        units.extend(unit(dense, experts) for dense, experts in layers)
+        nbytes = seconds = 0.0
+        for unit_bytes, seconds_of_unit in units:
+            nbytes += unit_bytes
+            seconds += seconds_of_unit
+        whole = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=nbytes, duration_s=seconds)
+        return whole, units[0][1] if units else 0.0, 1.0 / len(layers) if len(units) > 1 and layers else 0.0
+
+    forward, backward = [], []
+    for (root, _), chunk in zip(_chunk_parameters(setup, signature), signature):
+        dense_layers, count = chunk[0], chunk[1]
+        layers = [split[setup.model.is_moe and index >= dense_layers] for index in range(count)]
+        forward.append(gathered(root, layers))
+        if kept != "none":
             last_kept = kept == "root_last_layer" and chunk[3] and layers
             backward.append(gathered(0.0, layers[::-1][1:] if last_kept else layers[::-1]))
     gathers = ParamGathers(*(tuple(column) for column in zip(*forward))) if forward else NO_GATHERS
@@ -608,13 +697,15 @@ def optimizer_time_for_parameters_s(
     expert: float = 0.0,
 ) -> float:
     """``optimizer_time_s`` of a stage holding ``params`` parameters per rank, ``expert`` of them
-    routed experts (``signature_expert_parameters``). Under ZeRO 1/2 (``splits_expert_data_parallel``)
-    the distributed optimizer shards the dense parameters over "dp" and the experts over the expert
-    data-parallel group "edp" (megatron/core/optimizer/__init__.py ``get_megatron_optimizer``: the
-    expert-parallel parameter groups get a DistributedOptimizer over
-    ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0), so the shard is
-    dense / dp x cp + expert / expert_dp and the parameter all-gather after the step gathers each part
-    over its group. ZeRO 3 / HSDP shard everything over the dense groups (the remaining simplification)."""
+    routed experts (``signature_expert_parameters``). Under ZeRO 1/2/3 without HSDP
+    (``splits_expert_data_parallel``) the distributed optimizer (ZeRO-3: FSDP's sharded parameters)
+    shards the dense parameters over "dp" and the experts over the expert data-parallel group "edp"
+    (megatron/core/optimizer/__init__.py ``get_megatron_optimizer``: the expert-parallel parameter
+    groups get a DistributedOptimizer over ``parallel_state.get_data_modulo_expert_parallel_group()``,
+    core_r0.8.0), so the shard is
+    dense / dp x cp + expert / expert_dp and the ZeRO-1/2 parameter all-gather after the step gathers
+    each part over its group (ZeRO-3 gathers before each use: ``param_gather_for_parameters``). HSDP
+    shards everything over the dense shard group (the remaining simplification)."""
     plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
     sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
     split = expert > 0.0 and splits_expert_data_parallel(setup)

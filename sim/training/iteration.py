@@ -336,14 +336,15 @@ def _data_parallel_work(
     """Gradient buckets left to overlap the backward, parameter gathers, the buckets' seconds run
     serially after the backward when they do not overlap (``dp_comm_overlap = false``), and the
     optimizer seconds of a stage holding ``params`` parameters per rank (``expert`` of them routed
-    experts, data-parallel over the expert data-parallel group under ZeRO 0/1/2:
-    ``data_parallel.signature_expert_parameters``), with the step's once-per-step
+    experts, data-parallel over the expert data-parallel group without HSDP: their gradient
+    buckets, optimizer shard and ZeRO-1/2/3 parameter gathers,
+    ``data_parallel.splits_expert_data_parallel``), with the step's once-per-step
     fp8 weight casts (``weight_cast_s``, ``costs.fp8_weight_cast_s``: run in the first micro-batch, a
     per-step cost of the stage like its optimizer step, so priced beside it)."""
     grad_sync = grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature),
                                          expert=expert)
     optimizer_s = optimizer_time_for_parameters_s(setup, params, links, cache, expert=expert) + weight_cast_s
-    gathers = param_gather_for_parameters(setup, params, links, cache, signature)
+    gathers = param_gather_for_parameters(setup, params, links, cache, signature, expert=expert)
     backward = {"param_gather_backward": gathers.backward, "backward_gather_first_s": gathers.backward_first_unit_s,
                 "backward_gather_tail_share": gathers.backward_tail_share}
     if setup.dp_comm_overlap:

@@ -2,8 +2,11 @@
 (ep x etp) ranks, every (etp x ep)-th rank of a stage), apart from the dense parameters (over "dp"),
 as Megatron-Core's DDP and distributed optimizer keep them (megatron/core/distributed/
 distributed_data_parallel.py ``expert_parallel_buffers``; megatron/core/optimizer/__init__.py): the
-gradient buckets, the ZeRO-1/2 optimizer shard and its parameter all-gather. ZeRO 3 keeps every
-parameter on the dense group. Dense models are covered by the golden files (unchanged)."""
+gradient buckets, the ZeRO-1/2 optimizer shard and its parameter all-gather; and under ZeRO-3 /
+FSDP as torchtitan (experts ``fully_shard``ed over ``dp_shard_mod_ep`` / ``efsdp``) and Megatron-Core's
+custom FSDP (expert buffers over the expert data-parallel group) shard them: each layer unit's
+all-gather, the gradient reduce-scatter and the optimizer shard. HSDP keeps every parameter on the
+dense groups. Dense models are covered by the golden files (unchanged)."""
 
 from __future__ import annotations
 
@@ -18,11 +21,14 @@ from sim.training.config import parse_training
 from sim.training.costs import group_links, stage_groups, stage_ranks
 from sim.training.data_parallel import (
     BUCKET_PARAMETERS,
+    _layer_parameter_split,
+    _table_parameters_per_rank,
     closing_gradient_parameters,
     grad_sync_for_parameters,
     grad_sync_work,
     optimizer_bytes_per_parameter,
     optimizer_time_s,
+    param_gather_for_parameters,
     param_gather_work,
     signature_expert_parameters,
     signature_parameter_split,
@@ -175,20 +181,142 @@ def test_zero1_paced_gathers_add_the_expert_buckets_over_their_group() -> None:
     assert gathers.tail_share[0] == pytest.approx(1.0 / (full + 1 + full_e + 1), rel=EXACT)
 
 
-def test_zero3_keeps_every_parameter_on_the_dense_group() -> None:
-    setup = parse_training(_with(MIXTRAL_EP2, "parallel", zero=3))
+def test_hsdp_keeps_every_parameter_on_the_dense_groups() -> None:
+    setup = parse_training(_with(MIXTRAL_EP2, "parallel", zero=3, hsdp=True))
     links = group_links(setup, 0)
     signature = stage_signatures(setup)[0]
     params = signature_parameters(setup, signature)
     whole = grad_sync_for_parameters(setup, params, links, None, closing_gradient_parameters(setup, signature))
     assert grad_sync_work(setup, 0, links) == whole
     assert sum(b.message_bytes for b in whole) == pytest.approx(params * setup.grad_reduce_bytes, rel=EXACT)
+    gathers = param_gather_work(setup, 0, links)
+    assert gathers == param_gather_for_parameters(setup, params, links, None, signature)  # no expert split
+    assert gathers.gathers[0].message_bytes == pytest.approx(params * 2.0, rel=EXACT)
 
 
-@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_zero3_gathers_no_expert_bytes_when_one_rank_holds_each_expert() -> None:
+    """expert_dp = 1: each layer unit gathers its dense part only (2 bytes a parameter) over "dp",
+    the root unit (embedding / LM head) too; the experts stay where they are."""
+    setup = parse_training(_with(QWEN3_A10, "parallel", zero=3))
+    plan = setup.plan
+    assert plan.expert_dp == 1 and setup.fsdp_unit == "layer"
+    dense_layer, expert_layer = _layer_parameter_split(setup, True)
+    assert expert_layer > 0.0
+    ag = Collective.ALL_GATHER
+    table = _table_parameters_per_rank(setup)
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage)
+        gathers = param_gather_work(setup, stage, links)
+        assert len(gathers.gathers) == plan.virtual_stages
+        for gather, first, tail, chunk in zip(gathers.gathers, gathers.first_unit_s, gathers.tail_share, signature):
+            assert chunk[0] == 0  # every Qwen3 layer is MoE
+            root = table if chunk[2] else 0.0
+            root += table if chunk[3] else 0.0
+            layer_s = collective_time_s(ag, dense_layer * 2.0, links["dp"])
+            root_s = collective_time_s(ag, root * 2.0, links["dp"]) if root else 0.0
+            assert gather.message_bytes == pytest.approx((root + chunk[1] * dense_layer) * 2.0, rel=EXACT)
+            assert gather.duration_s == pytest.approx(root_s + chunk[1] * layer_s, rel=1e-9)
+            assert first == pytest.approx(root_s if root else layer_s, rel=EXACT)
+            assert tail == pytest.approx(1.0 / chunk[1] if chunk[1] > 1 or root else 0.0, rel=EXACT)
+        # no expert gradients move either: the reduce-scatters carry the dense parameters only
+        params, expert = signature_parameter_split(setup, signature)
+        moved = sum(b.message_bytes for b in grad_sync_work(setup, stage, links))
+        assert moved == pytest.approx((params - expert) * setup.grad_reduce_bytes, rel=EXACT)
+
+
+@pytest.mark.parametrize("kept", ["none", "root_last_layer"])
+def test_zero3_layer_units_gather_the_experts_over_their_group(kept: str) -> None:
+    """expert_dp = 4: each layer unit's all-gather is its dense part's over "dp" (8 ranks) plus its
+    experts' over "edp" (4 ranks), closed form."""
+    setup = parse_training(_with(_with(MIXTRAL_EP2, "parallel", zero=3), "training", fsdp_kept_after_forward=kept))
+    plan = setup.plan
+    assert (plan.dp, plan.expert_dp) == (8, 4)
+    dense_layer, expert_layer = _layer_parameter_split(setup, True)
+    ag = Collective.ALL_GATHER
+    for stage in range(plan.pp):
+        links = group_links(setup, stage)
+        assert (links["dp"].size, links["edp"].size) == (8, 4)
+        (chunk,) = stage_signatures(setup)[stage]
+        unit_s = (collective_time_s(ag, dense_layer * 2.0, links["dp"])
+                  + collective_time_s(ag, expert_layer * 2.0, links["edp"]))
+        root = _table_parameters_per_rank(setup) * (chunk[2] + chunk[3])
+        root_s = collective_time_s(ag, root * 2.0, links["dp"]) if root else 0.0
+        gathers = param_gather_work(setup, stage, links)
+        (gather,) = gathers.gathers
+        assert gather.message_bytes == pytest.approx((root + chunk[1] * (dense_layer + expert_layer)) * 2.0, rel=EXACT)
+        assert gather.duration_s == pytest.approx(root_s + chunk[1] * unit_s, rel=1e-9)
+        assert gathers.first_unit_s[0] == pytest.approx(root_s if root else unit_s, rel=EXACT)
+        assert gathers.tail_share[0] == pytest.approx(1.0 / chunk[1], rel=EXACT)
+        if kept == "none":
+            assert gathers.backward == ()
+        else:  # the root kept, and the model's last layer on the last stage
+            layers = chunk[1] - (1 if chunk[3] else 0)
+            assert gathers.backward[0].duration_s == pytest.approx(layers * unit_s, rel=1e-9)
+            assert gathers.backward_first_unit_s[0] == pytest.approx(unit_s, rel=EXACT)
+
+
+def test_zero3_chunk_units_gather_each_part_over_its_group() -> None:
+    setup = parse_training(_with(_with(MIXTRAL_EP2, "parallel", zero=3), "training", fsdp_unit="chunk"))
+    ag = Collective.ALL_GATHER
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage)
+        params, expert = signature_parameter_split(setup, signature)
+        seconds = (collective_time_s(ag, (params - expert) * 2.0, links["dp"])
+                   + collective_time_s(ag, expert * 2.0, links["edp"]))
+        gathers = param_gather_work(setup, stage, links)
+        assert gathers.gathers[0].message_bytes == pytest.approx(params * 2.0, rel=EXACT)
+        assert gathers.gathers[0].duration_s == pytest.approx(seconds, rel=1e-9)
+        assert gathers.first_unit_s == (gathers.gathers[0].duration_s,)
+
+
+def test_zero3_reduce_scatters_and_shards_the_experts_over_their_group() -> None:
+    """The gradient reduce-scatter: dense buckets over "dp", the experts' over "edp"; the optimizer
+    shard dense / (dp x cp) + expert / expert_dp (as the memory model's ``shard_degrees``)."""
+    config = _with(_with(MIXTRAL_EP2, "training", grad_buffer_passes="shard"), "parallel", zero=3)
+    setup = parse_training(config)
+    plan, gpu = setup.plan, setup.cluster.gpu
+    grad_bytes = setup.grad_reduce_bytes
+    bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
+    per_param = optimizer_bytes_per_parameter("adam", "bf16")
+    rs = Collective.REDUCE_SCATTER
+    for stage, signature in enumerate(stage_signatures(setup)):
+        links = group_links(setup, stage)
+        params, expert = signature_parameter_split(setup, signature)
+        closing = closing_gradient_parameters(setup, signature)
+        buckets = grad_sync_work(setup, stage, links)
+        dense = grad_sync_for_parameters(setup, params - expert, links, None, closing)
+        experts = Counter(buckets)
+        experts.subtract(Counter(dense))
+        assert min(experts.values()) >= 0
+        expert_buckets = list(experts.elements())
+        assert sum(b.message_bytes for b in expert_buckets) == pytest.approx(expert * grad_bytes, rel=EXACT)
+        full = int(expert // bucket)
+        expected = [collective_time_s(rs, bucket * grad_bytes, links["edp"])] * full + [
+            collective_time_s(rs, (expert - full * bucket) * grad_bytes, links["edp"])]
+        assert sorted(b.duration_s for b in expert_buckets) == pytest.approx(sorted(expected), rel=EXACT)
+        assert all(b.kind == "reduce_scatter" for b in buckets)
+        if closing:
+            assert buckets[-1] == dense[-1]  # the root unit (embedding) reduce-scatters last
+        shard = (params - expert) / (plan.dp * plan.cp) + expert / plan.expert_dp
+        step = costmodel.op_time_s(Op(name="optimizer", kind="memory", bytes_moved=shard * per_param), gpu,
+                                   precision="bf16", links=links)
+        assert optimizer_time_s(setup, stage, links) == pytest.approx(step, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_both_fidelities_agree_on_an_moe_plan(zero: int) -> None:
     config = _with(MIXTRAL_EP2, "parallel", zero=zero)
     des = simulate(config, RunOptions(fidelity="des")).metrics()
     analytic = simulate(config, RunOptions(fidelity="analytic")).metrics()
     assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=0.03)
     assert des["exposed_communication_s"]["dp"] > 0.0
+
+
+@pytest.mark.parametrize("config", [
+    _with(_with(QWEN3_A10, "parallel", zero=3, schedule="1f1b", virtual_stages=1), "training", framework="torchtitan"),
+    _with(_with(MIXTRAL_EP2, "parallel", pp=1, ep=4, zero=3, recompute="full"), "training", global_batch=32),
+], ids=["qwen3-edp1", "mixtral-edp8"])
+def test_both_fidelities_agree_on_small_moe_zero3_plans(config: dict) -> None:
+    des = simulate(config, RunOptions(fidelity="des")).metrics()
+    analytic = simulate(config, RunOptions(fidelity="analytic")).metrics()
+    assert des["iteration_time_s"] == pytest.approx(analytic["iteration_time_s"], rel=0.03)
