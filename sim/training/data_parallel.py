@@ -3,7 +3,7 @@ the ZeRO-3 / FSDP parameter gathers and the optimizer step (with CPU and NVMe of
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
 
 from hardware.collectives import Collective, GroupLinks, collective_time_s
 from hardware.specs import Tier
@@ -560,27 +560,43 @@ def param_gather_for_parameters(
     collective = cache.collective_s if cache is not None else collective_time_s
     if setup.fsdp_unit not in FSDP_UNITS:
         raise ValueError(f"fsdp_unit {setup.fsdp_unit!r}; allowed: {', '.join(FSDP_UNITS)}")
-    if expert_group is not None:
-        return _split_expert_gathers(setup, params, expert, group, expert_group, collective, signature)
+    gather_dense = group.size > 1
+    gather_expert = expert_group is not None and expert_group.size > 1
+    unit_cache: dict[tuple[float, float], tuple[float, float]] = {}  # (bytes, seconds) by (dense, expert) parameters
+
+    def unit(dense: float, experts: float) -> tuple[float, float]:
+        """(gathered bytes, seconds) of one unit of ``dense`` parameters over the data-parallel group
+        and ``experts`` over the expert one (16-bit parameters; nothing over a group of one rank)."""
+        key = (dense, experts)
+        if key not in unit_cache:
+            nbytes = seconds = 0.0
+            if gather_dense and dense > 0.0:
+                nbytes += dense * 2.0
+                seconds += collective(Collective.ALL_GATHER, dense * 2.0, group)
+            if gather_expert and experts > 0.0:
+                nbytes += experts * 2.0
+                seconds += collective(Collective.ALL_GATHER, experts * 2.0, expert_group)
+            unit_cache[key] = (nbytes, seconds)
+        return unit_cache[key]
+
+    stage_experts = expert if expert_group is not None else 0.0
     if setup.fsdp_unit == "chunk":
-        per_chunk = params / plan.virtual_stages * 2.0  # 16-bit parameters
-        seconds = collective(Collective.ALL_GATHER, per_chunk, group)
+        chunks = plan.virtual_stages
+        per_chunk, seconds = unit((params - stage_experts) / chunks, stage_experts / chunks)
         gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
-        return ParamGathers((gather,) * plan.virtual_stages, (seconds,) * plan.virtual_stages, (0.0,) * plan.virtual_stages)
+        return ParamGathers((gather,) * chunks, (seconds,) * chunks, (0.0,) * chunks)
     kept = setup.fsdp_kept_after_forward
     if kept not in FSDP_KEPT_AFTER_FORWARD:
         raise ValueError(f"fsdp_kept_after_forward {kept!r}; allowed: {', '.join(FSDP_KEPT_AFTER_FORWARD)}")
-    layer_s: dict[float, float] = {}  # seconds of a layer's 16-bit gather, by its bytes
+    # a layer's (dense, expert) parameters: the experts apart where they have a group of their own
+    layer_parts = {moe: _layer_parameter_split(setup, moe) if expert_group is not None
+                   else (_layer_parameters_per_rank(setup, moe), 0.0) for moe in (False, True)}
 
-    def gathered(root: float, layers: list[float]) -> tuple[CommWork, float, float]:
-        """One gather of a root unit of ``root`` parameters (if any) then of ``layers``: the whole, its
-        first unit's seconds and the share of the op's compute waiting for its last unit."""
-        units = [(root * 2.0, collective(Collective.ALL_GATHER, root * 2.0, group))] if root > 0.0 else []
-        for layer in layers:
-            layer_bytes = layer * 2.0
-            if layer_bytes not in layer_s:
-                layer_s[layer_bytes] = collective(Collective.ALL_GATHER, layer_bytes, group)
-            units.append((layer_bytes, layer_s[layer_bytes]))
+    def gathered(root: float, layers: list[tuple[float, float]]) -> tuple[CommWork, float, float]:
+        """One gather of a root unit of ``root`` (dense) parameters (if any) then of ``layers``: the
+        whole, its first unit's seconds and the share of the op's compute waiting for its last unit."""
+        units = [unit(root, 0.0)] if root > 0.0 and gather_dense else []
+        units.extend(unit(dense, experts) for dense, experts in layers)
         nbytes = seconds = 0.0
         for unit_bytes, unit_s in units:
             nbytes += unit_bytes
@@ -589,72 +605,12 @@ def param_gather_for_parameters(
         return whole, units[0][1] if units else 0.0, 1.0 / len(layers) if len(units) > 1 and layers else 0.0
 
     forward, backward = [], []
-    for (root, layers), chunk in zip(_chunk_parameters(setup, signature), signature):
+    for (root, _), chunk in zip(_chunk_parameters(setup, signature), signature):
+        dense_layers, count = chunk[0], chunk[1]
+        layers = [layer_parts[setup.model.is_moe and index >= dense_layers] for index in range(count)]
         forward.append(gathered(root, layers))
         if kept != "none":
             # before the B: the layers not kept since its F, the last first (the root unit is kept)
-            last_kept = kept == "root_last_layer" and chunk[3] and layers
-            backward.append(gathered(0.0, layers[::-1][1:] if last_kept else layers[::-1]))
-    gathers = ParamGathers(*(tuple(column) for column in zip(*forward))) if forward else NO_GATHERS
-    if not backward:
-        return gathers
-    whole, first, tail = (tuple(column) for column in zip(*backward))
-    return gathers._replace(backward=whole, backward_first_unit_s=first, backward_tail_share=tail)
-
-
-def _split_expert_gathers(
-    setup: TrainingSetup, params: float, expert: float, group: GroupLinks, expert_group: GroupLinks,
-    collective: Callable[[Collective, float, GroupLinks], float], signature: tuple[ChunkSignature, ...],
-) -> ParamGathers:
-    """``param_gather_for_parameters`` of an MoE model's ZeRO-3 stage whose routed experts are
-    sharded over ``expert_group`` ("edp") and the rest over ``group`` ("dp"): each unit's all-gather
-    is its dense part's over "dp" plus its expert part's over "edp", either left out on one rank."""
-    plan = setup.plan
-    gather_dense, gather_expert = group.size > 1, expert_group.size > 1
-    unit_s: dict[tuple[float, float], tuple[float, float]] = {}  # (bytes, seconds) by (dense, expert) params
-
-    def unit(dense: float, experts: float) -> tuple[float, float]:
-        """(gathered bytes, seconds) of one unit holding ``dense`` and ``experts`` 16-bit parameters."""
-        key = (dense, experts)
-        if key not in unit_s:
-            nbytes = seconds = 0.0
-            if gather_dense and dense > 0.0:
-                nbytes += dense * 2.0
-                seconds += collective(Collective.ALL_GATHER, dense * 2.0, group)
-            if gather_expert and experts > 0.0:
-                nbytes += experts * 2.0
-                seconds += collective(Collective.ALL_GATHER, experts * 2.0, expert_group)
-            unit_s[key] = (nbytes, seconds)
-        return unit_s[key]
-
-    if setup.fsdp_unit == "chunk":
-        per_chunk, seconds = unit((params - expert) / plan.virtual_stages, expert / plan.virtual_stages)
-        gather = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=per_chunk, duration_s=seconds)
-        chunks = plan.virtual_stages
-        return ParamGathers((gather,) * chunks, (seconds,) * chunks, (0.0,) * chunks)
-    kept = setup.fsdp_kept_after_forward
-    if kept not in FSDP_KEPT_AFTER_FORWARD:
-        raise ValueError(f"fsdp_kept_after_forward {kept!r}; allowed: {', '.join(FSDP_KEPT_AFTER_FORWARD)}")
-    split = {moe: _layer_parameter_split(setup, moe) for moe in (False, True)}
-
-    def gathered(root: float, layers: list[tuple[float, float]]) -> tuple[CommWork, float, float]:
-        """One gather of a root unit of ``root`` (dense) parameters then of ``layers`` ((dense, expert)
-        parameters each): the whole, its first unit's seconds and the share waiting for the last."""
-        units = [unit(root, 0.0)] if root > 0.0 and gather_dense else []
-        units.extend(unit(dense, experts) for dense, experts in layers)
-        nbytes = seconds = 0.0
-        for unit_bytes, seconds_of_unit in units:
-            nbytes += unit_bytes
-            seconds += seconds_of_unit
-        whole = CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=nbytes, duration_s=seconds)
-        return whole, units[0][1] if units else 0.0, 1.0 / len(layers) if len(units) > 1 and layers else 0.0
-
-    forward, backward = [], []
-    for (root, _), chunk in zip(_chunk_parameters(setup, signature), signature):
-        dense_layers, count = chunk[0], chunk[1]
-        layers = [split[setup.model.is_moe and index >= dense_layers] for index in range(count)]
-        forward.append(gathered(root, layers))
-        if kept != "none":
             last_kept = kept == "root_last_layer" and chunk[3] and layers
             backward.append(gathered(0.0, layers[::-1][1:] if last_kept else layers[::-1]))
     gathers = ParamGathers(*(tuple(column) for column in zip(*forward))) if forward else NO_GATHERS

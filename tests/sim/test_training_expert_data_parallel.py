@@ -36,18 +36,12 @@ from sim.training.data_parallel import (
     stage_signatures,
 )
 from sim.training.pricing_cache import PricingCache
+from tests.sim.test_training_moe_stack import QWEN3_A10
 from workloads.graph import Op
 
 EXACT = 1e-12
-# Megatron-Bridge's Qwen3 30B-A3B run (published-training.md A10): TP 1, DP 8, EP 8, so every expert
-# lives on one rank of its stage (expert_dp = 1)
-QWEN3_A10 = {
-    "model": {"name": "qwen3-30b-a3b"},
-    "cluster": {"gpu": "h100-sxm-80gb", "node": "dgx-h100", "network": "ib-ndr-fat-tree", "num_gpus": 16},
-    "training": {"seq_len": 4096, "global_batch": 512, "micro_batch": 2, "precision": "fp8",
-                 "framework": "megatron-bridge"},
-    "parallel": {"tp": 1, "pp": 2, "ep": 8, "zero": 1, "schedule": "interleaved", "virtual_stages": 24},
-}
+# Megatron-Bridge's Qwen3 30B-A3B run (published-training.md A10, tests/sim/test_training_moe_stack.py):
+# TP 1, DP 8, EP 8, so every expert lives on one rank of its stage (expert_dp = 1)
 # Mixtral 8x7B on 64 H100, TP 2 x PP 4 x DP 8 with EP 2: each expert on 2 x 8 / (2 x 2) = 4 ranks
 MIXTRAL_EP2 = {
     "model": {"name": "mixtral-8x7b"},
