@@ -65,21 +65,30 @@ def layer_config(sequence_parallel: bool) -> dict:
     }
 
 
+def layer_ms(sequence_parallel: bool) -> dict[str, tuple[float, float, float]]:
+    """Per pass ("forward": F, "backward": B + W) of the layer, in ms: (the model at the sustained
+    clock, with its GEMMs at the boost clock, the boost-clock GEMMs alone)."""
+    result = simulate(layer_config(sequence_parallel), RunOptions(fidelity="des"))
+    factor = sustained_clock_factor(result.setup.cluster.gpu)
+    frame = result.op_frame()
+    frame = frame[frame.layer_kind == "dense"]
+    out = {}
+    for name, passes in (("forward", ("F",)), ("backward", ("B", "W"))):
+        ops = frame[frame["pass"].isin(passes)]
+        model_ms = ops.seconds.sum() * 1e3
+        gemm_ms = ops[ops.kind == "gemm"].seconds.sum() * 1e3
+        out[name] = (model_ms, model_ms - gemm_ms * (1.0 - factor), gemm_ms * factor)
+    return out
+
+
 def main() -> None:
     print("GPT-3 175B layer, batch 1, sequence 2,048, bf16, 8 H100 (ms per layer); model: sustained / boost-clock GEMMs")
     print(f"{'mode':<5} {'pass':<9} {'model':>7} {'boost':>7} {'GEMMs':>7} {'measured':>18} {'vs min':>8}")
     for mode, sequence_parallel in (("SP", True), ("TP", False)):
-        result = simulate(layer_config(sequence_parallel), RunOptions(fidelity="des"))
-        factor = sustained_clock_factor(result.setup.cluster.gpu)
-        frame = result.op_frame()
-        frame = frame[frame.layer_kind == "dense"]
         measured = MEASURED_MS[mode]
-        for name, passes, (low, other) in (("forward", ("F",), measured[:2]), ("backward", ("B", "W"), measured[2:])):
-            ops = frame[frame["pass"].isin(passes)]
-            model_ms = ops.seconds.sum() * 1e3
-            gemm_ms = ops[ops.kind == "gemm"].seconds.sum() * 1e3
-            boost_ms = model_ms - gemm_ms * (1.0 - factor)
-            print(f"{mode:<5} {name:<9} {model_ms:7.3f} {boost_ms:7.3f} {gemm_ms * factor:7.3f} {low:8.3f} / {other:<7.3f}"
+        for name, (model_ms, boost_ms, gemm_ms) in layer_ms(sequence_parallel).items():
+            low, other = measured[:2] if name == "forward" else measured[2:]
+            print(f"{mode:<5} {name:<9} {model_ms:7.3f} {boost_ms:7.3f} {gemm_ms:7.3f} {low:8.3f} / {other:<7.3f}"
                   f" {100 * (boost_ms / low - 1):+7.1f}%")
 
 
