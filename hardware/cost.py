@@ -382,7 +382,10 @@ def attention_time_s(
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     ``kernel_rate``: a further factor on the compute rate (e.g. dropout inside the kernel);
     ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2,
-    "cudnn" at ``attention_cudnn_rate``; only "flash" reads a calibration profile's attention rows).
+    "cudnn" at ``attention_cudnn_rate``; only "flash" reads a calibration profile's attention rows,
+    and the others, and every backward, at a causal self-attention shape keep the share of their rate
+    the profile's prefill surface gives their grid of sequences x heads:
+    ``CalibrationProfile.attention_grid_occupancy``).
     """
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
