@@ -39,6 +39,8 @@ class Ranks:
     dp_shard: tuple[int, ...]  # HSDP: the shard group, part of the dp group (== dp without HSDP)
     dp_replicate: tuple[int, ...]  # HSDP: one rank per shard group (a single rank without HSDP)
     edp: tuple[int, ...] = ()  # the expert data-parallel group: the ranks holding the same experts
+    edp_shard: tuple[int, ...] = ()  # HSDP: the experts' shard group, part of edp (== edp without HSDP)
+    edp_replicate: tuple[int, ...] = ()  # HSDP: one rank per expert shard group
 
 
 def rank_of(setup: TrainingSetup, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:
@@ -53,7 +55,8 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
     base = rank_of(setup, pp=stage)
     ep_ranks = [base + j * plan.expert_tp for j in range(plan.ep)]
     dp_cp = tuple(rank_of(setup, cp=j % plan.cp, dp=j // plan.cp, pp=stage) for j in range(plan.cp * plan.dp))
-    shard, _ = shard_degrees(plan, setup.cluster.node.gpus_per_node)
+    shard, expert_shard = shard_degrees(plan, setup.cluster.node.gpus_per_node)
+    edp = tuple(base + j * plan.expert_tp * plan.ep for j in range(plan.expert_dp))
     return Ranks(
         tp=tuple(rank_of(setup, tp=t, pp=stage) for t in range(plan.tp)),
         cp=tuple(rank_of(setup, cp=c, pp=stage) for c in range(plan.cp)),
@@ -61,11 +64,14 @@ def stage_ranks(setup: TrainingSetup, stage: int) -> Ranks:
         ep=tuple(ep_ranks),
         dp_shard=dp_cp[:shard],
         dp_replicate=dp_cp[::shard],
-        edp=tuple(base + j * plan.expert_tp * plan.ep for j in range(plan.expert_dp)),
+        edp=edp,
+        edp_shard=edp[:expert_shard],
+        edp_replicate=edp[::expert_shard],
     )
 
 
-GROUP_AXES = ("tp", "cp", "dp", "ep", "edp", "dp_shard", "dp_replicate", "pp", "cp_heads", "cp_ring")
+GROUP_AXES = ("tp", "cp", "dp", "ep", "edp", "dp_shard", "dp_replicate", "edp_shard", "edp_replicate", "pp", "cp_heads",
+              "cp_ring")
 
 
 def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, int]]:
@@ -80,15 +86,19 @@ def stage_groups(setup: TrainingSetup, stage: int) -> dict[str, tuple[int, int, 
     plan = setup.plan
     base = rank_of(setup, pp=stage)
     dp_cp = plan.cp * plan.dp
-    shard, _ = shard_degrees(plan, setup.cluster.node.gpus_per_node)
+    shard, expert_shard = shard_degrees(plan, setup.cluster.node.gpus_per_node)
+    expert_stride = plan.expert_tp * plan.ep
     return {
         "tp": (base, 1, plan.tp),
         "cp": (base, plan.tp, plan.cp),
         "dp": (base, plan.tp, dp_cp),
         "ep": (base, plan.expert_tp, plan.ep),
-        "edp": (base, plan.expert_tp * plan.ep, plan.expert_dp),
+        "edp": (base, expert_stride, plan.expert_dp),
         "dp_shard": (base, plan.tp, min(shard, dp_cp)),
         "dp_replicate": (base, plan.tp * shard, -(-dp_cp // shard)),
+        # HSDP: the experts' shard group inside a dense shard group, and one rank of each across them
+        "edp_shard": (base, expert_stride, expert_shard),
+        "edp_replicate": (base, expert_stride * expert_shard, plan.expert_dp // expert_shard),
         "pp": (base - stage * plan.tp * dp_cp, plan.tp * dp_cp, plan.pp),  # the stage's rank across stages
         # hybrid context parallelism: the head all-to-all over cp_heads neighbouring cp ranks, the
         # K/V ring over the cp / cp_heads groups (ring alone: the whole cp group)

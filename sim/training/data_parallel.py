@@ -210,12 +210,16 @@ def signature_parameter_split(setup: TrainingSetup, signature: tuple[ChunkSignat
     return signature_parameters(setup, signature), signature_expert_parameters(setup, signature)
 
 
-def splits_expert_data_parallel(setup: TrainingSetup) -> bool:
-    """True where the expert parameters are data-parallel over the expert data-parallel group
-    ("edp") apart from the dense ones (over "dp"): every ZeRO stage without HSDP.
+def data_parallel_groups(
+    setup: TrainingSetup, links: Mapping[str, GroupLinks], *, expert: bool
+) -> tuple[GroupLinks, GroupLinks | None]:
+    """(the group a part of the parameters is sharded and reduce-scattered over, the group its shards
+    are replicated and all-reduced over under HSDP, else None) for the dense parameters ("dp", or
+    HSDP's "dp_shard" / "dp_replicate") or the routed experts ("edp", or "edp_shard" / "edp_replicate").
 
+    The experts are data-parallel over their own expert data-parallel group at every ZeRO stage:
     ZeRO 0/1/2 as Megatron-Core's DDP and distributed optimizer run them
-    (``signature_expert_parameters``). ZeRO-3 / FSDP as the FSDP implementations with expert
+    (``signature_expert_parameters``); ZeRO-3 / FSDP as the FSDP implementations with expert
     parallelism shard them: torchtitan ``fully_shard``s each MoE block's routed experts over the
     ``dp_shard_mod_ep`` mesh (dp_shard x cp / ep ranks, x tp with etp = 1: torchtitan/distributed/
     parallel_dims.py ``ParallelDims._build_mesh_with_ep``, August 2025), the rest of the block over
@@ -225,9 +229,12 @@ def splits_expert_data_parallel(setup: TrainingSetup) -> bool:
     parameters in buffers over the expert data-parallel group
     (megatron/core/distributed/custom_fsdp/fully_sharded_data_parallel.py
     ``FullyShardedDataParallel._init_fsdp_param_and_grad_buffer``: ``ParamAndGradBuffer(...,
-    expert_data_parallel_group=...)``). HSDP keeps every parameter on the dense shard and replicate
-    groups: the remaining simplification."""
-    return not setup.plan.hsdp
+    expert_data_parallel_group=...)``). Under HSDP torchtitan replicates them over dp_replicate
+    (``memory.expert_hsdp_shard``)."""
+    prefix = "edp" if expert else "dp"
+    if setup.plan.hsdp:
+        return links[f"{prefix}_shard"], links[f"{prefix}_replicate"]
+    return links[prefix], None
 
 
 def stage_parameters_per_rank(setup: TrainingSetup, stage: int) -> float:
@@ -317,38 +324,37 @@ def grad_sync_for_parameters(
     completes last (``closing_gradient_parameters``); the last is ready when the backward ends.
 
     ``expert``: the routed-expert parameters among ``params`` (``signature_expert_parameters``).
-    Without HSDP (``splits_expert_data_parallel``) they form a buffer of their own,
-    as Megatron-Core's DDP keeps them (megatron/core/distributed/distributed_data_parallel.py
-    ``DistributedDataParallel.__init__``: ``expert_parallel_buffers`` reduced over
-    ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0, with the dense buffers'
-    ``bucket_size``; ZeRO-3 below): buckets of the same size over the expert data-parallel group
-    "edp" (none when it is one rank), the dense rest over "dp" as before, all on the one data-parallel stream
-    (``CommWork`` axis "dp"). The two lists merge in the order their buckets fill during the
-    backward: by the fraction of the backward (parameters so far / the buffer's) at which each
-    becomes full, dense first on ties, each buffer's leftover at the end of the backward, the dense
-    closing bucket (with the embedding) last. ZeRO-3 / FSDP reduce-scatters the same way, the
-    experts' gradients over "edp" (torchtitan's experts ``fully_shard``ed over ``dp_shard_mod_ep``,
-    Megatron-Core custom FSDP's expert buffers: ``splits_expert_data_parallel``). HSDP reduces every
-    parameter over the dense shard and replicate groups (the remaining simplification)."""
+    They form a buffer of their own, as Megatron-Core's DDP keeps them
+    (megatron/core/distributed/distributed_data_parallel.py ``DistributedDataParallel.__init__``:
+    ``expert_parallel_buffers`` reduced over ``parallel_state.get_data_modulo_expert_parallel_group()``,
+    core_r0.8.0, with the dense buffers' ``bucket_size``): buckets of the same size over the experts'
+    groups (``data_parallel_groups``; none when they hold one rank), the dense rest over the dense
+    groups, all on the one data-parallel stream (``CommWork`` axis "dp"). The two lists merge in the
+    order their buckets fill during the backward: by the fraction of the backward (parameters so far
+    / the buffer's) at which each becomes full, dense first on ties, each buffer's leftover at the
+    end of the backward, the dense closing bucket (with the embedding) last. ZeRO-3 / FSDP
+    reduce-scatters the same way; HSDP reduce-scatters each part over its shard group and all-reduces
+    the shard over its replicate group."""
     plan = setup.plan
     cache = cache if cache is not None else PricingCache()
     collective = cache.collective_s
-    group = links["dp"]
-    split = expert > 0.0 and splits_expert_data_parallel(setup)
-    expert_group = links["edp"] if split else None
-    if split:
+    dense_group = data_parallel_groups(setup, links, expert=False)
+    expert_groups = data_parallel_groups(setup, links, expert=True) if expert > 0.0 else None
+    if expert_groups is not None:
         params -= expert  # the dense buffer
-    dense_buckets = group.size > 1
-    if not dense_buckets and (expert_group is None or expert_group.size <= 1):
+    dense_buckets = links["dp"].size > 1
+    expert_buckets = expert_groups is not None and links["edp"].size > 1
+    if not dense_buckets and not expert_buckets:
         return ()
     grad_bytes = setup.grad_reduce_bytes
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     kind = _ALL_REDUCE if plan.zero == 0 else _REDUCE_SCATTER
     kind_name = _COLLECTIVE_NAMES[kind]
 
-    def buckets_over(params: float, closing: float, group: GroupLinks, shard: int) -> tuple[CommWork, ...]:
-        """Full buckets, then the leftover with the closing parameters, of one buffer over ``group``."""
-        prepare = flat_gradient_prepare_bytes(setup, shard)
+    def buckets_over(params: float, closing: float, groups: tuple[GroupLinks, GroupLinks | None]) -> tuple[CommWork, ...]:
+        """Full buckets, then the leftover with the closing parameters, of one buffer over ``groups``."""
+        shard_group, replicate_group = groups
+        prepare = flat_gradient_prepare_bytes(setup, shard_group.size)
 
         def seconds(message: float) -> float:
             before = 0.0
@@ -356,10 +362,10 @@ def grad_sync_for_parameters(
                 elements = message / grad_bytes
                 op = Op(name="fsdp_grad_predivide", kind="memory", bytes_moved=elements * prepare)
                 before = costmodel.op_time_s(op, setup.cluster.gpu, precision=setup.job.precision, links=links)
-            if not plan.hsdp:
-                return before + collective(kind, message, group)
-            return before + collective(_REDUCE_SCATTER, message, links["dp_shard"]) + collective(
-                _ALL_REDUCE, message / shard, links["dp_replicate"]
+            if replicate_group is None:
+                return before + collective(kind, message, shard_group)
+            return before + collective(_REDUCE_SCATTER, message, shard_group) + collective(
+                _ALL_REDUCE, message / shard_group.size, replicate_group
             )
 
         full, remaining = _bucket_counts(params, closing, bucket)
@@ -370,12 +376,10 @@ def grad_sync_for_parameters(
             out += (CommWork(axis="dp", kind=kind_name, message_bytes=message, duration_s=seconds(message)),)
         return out
 
-    dense = ()
-    if dense_buckets:
-        dense = buckets_over(params, closing, group, links["dp_shard"].size if plan.hsdp else group.size)
-    if expert_group is None or expert_group.size <= 1:
+    dense = buckets_over(params, closing, dense_group) if dense_buckets else ()
+    if not expert_buckets:
         return dense
-    experts = buckets_over(expert, 0.0, expert_group, expert_group.size)
+    experts = buckets_over(expert, 0.0, expert_groups)
     if not dense:
         return experts
     return _merge_buckets(dense, params, closing, experts, expert, bucket)
@@ -470,7 +474,7 @@ def bucket_paced_gathers(
     the same when f >= a, at most one bucket's all-gather (a - f) early when a > f.
 
     An MoE chunk's routed experts sit in the expert buffer, sharded over the expert data-parallel
-    group (``splits_expert_data_parallel``; megatron/core/distributed/distributed_data_parallel.py
+    group (``data_parallel_groups``; megatron/core/distributed/distributed_data_parallel.py
     ``expert_parallel_buffers``, core_r0.8.0): their buckets (the same size) are gathered over "edp"
     (nothing when one rank holds them), their seconds added to the chunk's gather and their units to
     its count; the first unit stays the dense buffer's (the embedding's bucket)."""
@@ -480,7 +484,7 @@ def bucket_paced_gathers(
     bucket = max(BUCKET_PARAMETERS, 1_000_000 * plan.dp)
     gathers, first_unit, tails = [], [], []
     table = _table_parameters_per_rank(setup)
-    expert_group = links["edp"] if setup.model.is_moe and splits_expert_data_parallel(setup) else None
+    expert_group = links["edp"] if setup.model.is_moe else None  # ZeRO 1/2: no HSDP
     for (root, layers), chunk in zip(_chunk_parameters(setup, signature), signature):
         params = root
         for layer in layers:
@@ -542,19 +546,20 @@ def param_gather_for_parameters(
     their forward to their backward (``fsdp_kept_after_forward``) are left out of the gather before
     the B (``ParamGathers.backward``), which runs the layers in backward order.
 
-    An MoE model's routed experts are sharded over the expert data-parallel group "edp"
-    (``splits_expert_data_parallel``: torchtitan's ``fully_shard`` of the experts over
-    ``dp_shard_mod_ep`` / ``efsdp``, Megatron-Core custom FSDP's expert buffers): each unit gathers its
-    dense part over "dp" and its expert part over "edp" (nothing over a group of one rank), both on the
-    one data-parallel stream, so its seconds are the sum of the two all-gathers and its bytes those
-    gathered. A "chunk" unit splits the stage's experts evenly over its chunks as its parameters."""
+    An MoE model's routed experts are sharded over their own group (``data_parallel_groups``:
+    torchtitan's ``fully_shard`` of the experts over ``dp_shard_mod_ep`` / ``efsdp``, Megatron-Core
+    custom FSDP's expert buffers; under HSDP its shard group): each unit gathers its dense part over
+    the dense shard group and its expert part over the experts' (nothing over a group of one rank),
+    both on the one data-parallel stream, so its seconds are the sum of the two all-gathers and its
+    bytes those gathered. A "chunk" unit splits the stage's experts evenly over its chunks as its
+    parameters."""
     plan = setup.plan
-    group = links["dp_shard"] if plan.hsdp else links["dp"]
+    group = data_parallel_groups(setup, links, expert=False)[0]
     if paces_param_gather(setup):
         return bucket_paced_gathers(setup, links, cache, signature)
     if plan.zero != 3:
         return NO_GATHERS
-    expert_group = links["edp"] if setup.model.is_moe and splits_expert_data_parallel(setup) else None
+    expert_group = data_parallel_groups(setup, links, expert=True)[0] if setup.model.is_moe else None
     if group.size <= 1 and (expert_group is None or expert_group.size <= 1):
         return NO_GATHERS
     collective = cache.collective_s if cache is not None else collective_time_s
@@ -653,20 +658,19 @@ def optimizer_time_for_parameters_s(
     expert: float = 0.0,
 ) -> float:
     """``optimizer_time_s`` of a stage holding ``params`` parameters per rank, ``expert`` of them
-    routed experts (``signature_expert_parameters``). Under ZeRO 1/2/3 without HSDP
-    (``splits_expert_data_parallel``) the distributed optimizer (ZeRO-3: FSDP's sharded parameters)
-    shards the dense parameters over "dp" and the experts over the expert data-parallel group "edp"
-    (megatron/core/optimizer/__init__.py ``get_megatron_optimizer``: the expert-parallel parameter
-    groups get a DistributedOptimizer over ``parallel_state.get_data_modulo_expert_parallel_group()``,
-    core_r0.8.0), so the shard is
-    dense / dp x cp + expert / expert_dp and the ZeRO-1/2 parameter all-gather after the step gathers
-    each part over its group (ZeRO-3 gathers before each use: ``param_gather_for_parameters``). HSDP
-    shards everything over the dense shard group (the remaining simplification)."""
+    routed experts (``signature_expert_parameters``). Under ZeRO 1/2/3 the distributed optimizer
+    (ZeRO-3: FSDP's sharded parameters) shards the dense parameters over their group and the experts
+    over theirs (``data_parallel_groups``; megatron/core/optimizer/__init__.py
+    ``get_megatron_optimizer``: the expert-parallel parameter groups get a DistributedOptimizer over
+    ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0), so the shard is
+    dense / dp x cp + expert / expert_dp (under HSDP over the two shard groups) and the ZeRO-1/2
+    parameter all-gather after the step gathers each part over its group (ZeRO-3 gathers before
+    each use: ``param_gather_for_parameters``)."""
     plan, gpu, node = setup.plan, setup.cluster.gpu, setup.cluster.node
-    sharded_over = links["dp_shard"].size if plan.hsdp else links["dp"].size
-    split = expert > 0.0 and splits_expert_data_parallel(setup)
-    dense = params - expert if split else params
-    expert_group = links["edp"] if split else None
+    sharded_over = data_parallel_groups(setup, links, expert=False)[0].size
+    split = expert > 0.0
+    dense = params - expert
+    expert_group = data_parallel_groups(setup, links, expert=True)[0] if split else None
     if plan.zero < 1:
         shard = params
     elif split:

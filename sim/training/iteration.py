@@ -336,9 +336,8 @@ def _data_parallel_work(
     """Gradient buckets left to overlap the backward, parameter gathers, the buckets' seconds run
     serially after the backward when they do not overlap (``dp_comm_overlap = false``), and the
     optimizer seconds of a stage holding ``params`` parameters per rank (``expert`` of them routed
-    experts, data-parallel over the expert data-parallel group without HSDP: their gradient
-    buckets, optimizer shard and ZeRO-1/2/3 parameter gathers,
-    ``data_parallel.splits_expert_data_parallel``), with the step's once-per-step
+    experts, data-parallel over their own groups: their gradient buckets, optimizer shard and
+    ZeRO-1/2/3 parameter gathers, ``data_parallel.data_parallel_groups``), with the step's once-per-step
     fp8 weight casts (``weight_cast_s``, ``costs.fp8_weight_cast_s``: run in the first micro-batch, a
     per-step cost of the stage like its optimizer step, so priced beside it)."""
     grad_sync = grad_sync_for_parameters(setup, params, links, cache, closing_gradient_parameters(setup, signature),

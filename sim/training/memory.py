@@ -175,14 +175,28 @@ def shard_degrees(plan: ParallelPlan, gpus_per_node: int) -> tuple[int, int]:
 
     Megatron rank order puts tp fastest, then cp x dp, so a node of ``gpus_per_node`` GPUs holds
     gpus_per_node // tp ranks of the dp x cp group; HSDP shards over those, or over the plan's
-    ``hsdp_shard`` consecutive ones (the gcd keeps it a divisor).
+    ``hsdp_shard`` consecutive ones (the gcd keeps it a divisor). The experts shard over the ranks of
+    their expert data-parallel group inside one dense shard group (``expert_hsdp_shard``).
     """
     dense = plan.dp * plan.cp
-    expert = plan.expert_dp
     if plan.hsdp:
-        group = plan.hsdp_shard or max(1, gpus_per_node // plan.tp)
-        return math.gcd(dense, group), math.gcd(expert, group)
-    return dense, expert
+        shard = math.gcd(dense, plan.hsdp_shard or max(1, gpus_per_node // plan.tp))
+        return shard, expert_hsdp_shard(plan, shard)
+    return dense, plan.expert_dp
+
+
+def expert_hsdp_shard(plan: ParallelPlan, dense_shard: int) -> int:
+    """Ranks an expert is sharded over under HSDP: those of its expert data-parallel group (every
+    expert tp x ep-th rank of the stage) inside one dense shard group (``dense_shard`` ranks of the
+    dp x cp group, tp x dense_shard consecutive ranks), replicated over the rest: torchtitan's HSDP
+    with expert parallelism carves ep out of the shard dimension and ``fully_shard``s the experts over
+    what is left of it, ``dp_shard_mod_ep`` = dp_shard x cp / ep, replicating them over dp_replicate
+    (torchtitan/distributed/parallel_dims.py ``ParallelDims._build_mesh_with_ep``). One rank where the
+    expert group's stride does not fit in the shard span."""
+    span, stride = plan.tp * dense_shard, plan.expert_tp * plan.ep
+    if span % stride:
+        return 1
+    return math.gcd(span // stride, plan.expert_dp)
 
 
 # ---- the stage breakdown -------------------------------------------------------------------------

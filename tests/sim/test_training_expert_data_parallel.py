@@ -5,8 +5,9 @@ distributed_data_parallel.py ``expert_parallel_buffers``; megatron/core/optimize
 gradient buckets, the ZeRO-1/2 optimizer shard and its parameter all-gather; and under ZeRO-3 /
 FSDP as torchtitan (experts ``fully_shard``ed over ``dp_shard_mod_ep`` / ``efsdp``) and Megatron-Core's
 custom FSDP (expert buffers over the expert data-parallel group) shard them: each layer unit's
-all-gather, the gradient reduce-scatter and the optimizer shard. HSDP keeps every parameter on the
-dense groups. Dense models are covered by the golden files (unchanged)."""
+all-gather, the gradient reduce-scatter and the optimizer shard; under HSDP over the expert group's
+ranks inside a dense shard group, replicated across them. Dense models are covered by the golden files
+(unchanged)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from sim.training.data_parallel import (
     signature_parameters,
     stage_signatures,
 )
+from sim.training.memory import expert_hsdp_shard, shard_degrees
 from sim.training.pricing_cache import PricingCache
 from tests.sim.test_training_moe_stack import QWEN3_A10
 from workloads.graph import Op
@@ -175,17 +177,54 @@ def test_zero1_paced_gathers_add_the_expert_buckets_over_their_group() -> None:
     assert gathers.tail_share[0] == pytest.approx(1.0 / (full + 1 + full_e + 1), rel=EXACT)
 
 
-def test_hsdp_keeps_every_parameter_on_the_dense_groups() -> None:
+def test_hsdp_shards_the_experts_inside_a_shard_group_and_replicates_them_across() -> None:
+    """torchtitan's HSDP with expert parallelism: the experts are sharded over the ranks of their
+    expert data-parallel group inside one dense shard group (dp_shard_mod_ep) and replicated across
+    the shard groups; their gradients reduce-scatter over the first and all-reduce over the second."""
+    # Mixtral, TP 2, PP 4, DP 8, EP 2 (etp 2) on 8-GPU nodes: a dense shard group is the node's 4 dp
+    # ranks (8 consecutive ranks); the expert group (stride etp x ep = 4, 4 ranks) has 2 in a node
     setup = parse_training(_with(MIXTRAL_EP2, "parallel", zero=3, hsdp=True))
-    links = group_links(setup, 0)
-    signature = stage_signatures(setup)[0]
-    params = signature_parameters(setup, signature)
-    whole = grad_sync_for_parameters(setup, params, links, None, closing_gradient_parameters(setup, signature))
-    assert grad_sync_work(setup, 0, links) == whole
-    assert sum(b.message_bytes for b in whole) == pytest.approx(params * setup.grad_reduce_bytes, rel=EXACT)
-    gathers = param_gather_work(setup, 0, links)
-    assert gathers == param_gather_for_parameters(setup, params, links, None, signature)  # no expert split
+    plan = setup.plan
+    assert shard_degrees(plan, 8) == (4, 2) and expert_hsdp_shard(plan, 4) == 2
+    groups = stage_groups(setup, 0)
+    assert groups["edp_shard"] == (0, 4, 2) and groups["edp_replicate"] == (0, 8, 2)
+    ranks = stage_ranks(setup, 0)
+    assert ranks.edp_shard == (0, 4) and ranks.edp_replicate == (0, 8)
+    assert set(ranks.edp_shard) <= set(range(8))  # inside the first node, as its dense shard group
+    links = group_links(setup, 1)  # no embedding or head
+    (chunk,) = stage_signatures(setup)[1]
+    params, expert = signature_parameter_split(setup, (chunk,))
+    grad_bytes = setup.grad_reduce_bytes
+    buckets = grad_sync_work(setup, 1, links)
+    dense = grad_sync_for_parameters(setup, params - expert, links, None)
+    extra = Counter(buckets)
+    extra.subtract(Counter(dense))
+    expert_buckets = list(extra.elements())
+    assert sum(b.message_bytes for b in expert_buckets) == pytest.approx(expert * grad_bytes, rel=EXACT)
+    shard, replicate = links["edp_shard"], links["edp_replicate"]
+    for b in expert_buckets:  # reduce-scatter in the shard group, all-reduce of the shard across
+        assert b.duration_s == pytest.approx(
+            collective_time_s(Collective.REDUCE_SCATTER, b.message_bytes, shard)
+            + collective_time_s(Collective.ALL_REDUCE, b.message_bytes / shard.size, replicate), rel=EXACT)
+    # each layer unit gathers its dense part over the dense shard group and its experts over theirs
+    dense_layer, expert_layer = _layer_parameter_split(setup, True)
+    unit_s = (collective_time_s(Collective.ALL_GATHER, dense_layer * 2.0, links["dp_shard"])
+              + collective_time_s(Collective.ALL_GATHER, expert_layer * 2.0, shard))
+    gathers = param_gather_work(setup, 1, links)
+    assert gathers.gathers[0].duration_s == pytest.approx(chunk[1] * unit_s, rel=1e-9)
     assert gathers.gathers[0].message_bytes == pytest.approx(params * 2.0, rel=EXACT)
+
+
+def test_hsdp_memory_holds_the_experts_over_their_shard_group() -> None:
+    """The memory model's expert shard under HSDP is the same group the time model gathers over."""
+    setup = parse_training(_with(MIXTRAL_EP2, "parallel", zero=3, hsdp=True))
+    flat = parse_training(_with(MIXTRAL_EP2, "parallel", zero=3))
+    hsdp_states = simulate(_with(MIXTRAL_EP2, "parallel", zero=3, hsdp=True), RunOptions(fidelity="analytic"))
+    flat_states = simulate(_with(MIXTRAL_EP2, "parallel", zero=3), RunOptions(fidelity="analytic"))
+    assert setup.plan.expert_dp == flat.plan.expert_dp == 4
+    # the experts, most of Mixtral, are sharded 2 ways under HSDP where they were 4: more optimizer state
+    assert (hsdp_states.metrics()["memory_bytes"]["optimizer"]
+            > 1.5 * flat_states.metrics()["memory_bytes"]["optimizer"])
 
 
 def test_zero3_gathers_no_expert_bytes_when_one_rank_holds_each_expert() -> None:
