@@ -13,10 +13,12 @@ Mixtral 8x7B (256 H100, EP 4), sequence 4,096, micro-batch 1, full recompute, Ze
     PYTHONPATH=. python benchmarks/fidelity_agreement_zero3.py [--worst N] [--csv FILE]
 
 On merged main (2026-12-06, 8 s of CPU) with the Mixtral plans' experts sharded and gathered over
-their expert-data-parallel group: 504 plans, mean 1.82 %, median 1.19 %, beyond 5 % 31, beyond 10 % 3,
-worst +13.6 % (the same Llama 3 70B plan), then Mixtral pp 1 ZB-H1 chunk units -11.9 % (the 72 Mixtral
-plans without HSDP 1.14 -> 3.17 %: their heavier expert gathers put the analytic aggregate's drift on the
-critical path). Before that change (2026-12, 2-core machine): 504 plans, mean |analytic / DES - 1|
+their expert-data-parallel group (under HSDP its ranks inside a shard group, replicated across): 504
+plans, mean 1.65 %, median 1.16 %, beyond 5 % 23, beyond 10 % 3, worst +13.6 % (the same Llama 3 70B
+plan), then Mixtral pp 1 ZB-H1 chunk units -11.9 % (the 72 Mixtral plans without HSDP 1.14 -> 3.17 %:
+their heavier expert gathers put the analytic aggregate's drift on the critical path; all 144 Mixtral
+plans 2.41 %). With the experts over the whole expert group and HSDP on the dense groups: 1.82 %, 31
+beyond 5 %. Before the experts' groups (2026-12, 2-core machine): 504 plans, mean |analytic / DES - 1|
 1.49 %, median 0.96 %, beyond 5 % 21, beyond 10 % 2, worst +13.7 % (Llama 3 70B, pp 2, 1F1B, 2
 micro-batches, per-layer units: the aggregate); before the first-gradient-op bounds (7a492f3): 3.75 %,
 1.52 %, 111, 74, -28.0 % (ZB-H1). By schedule (mean / worst): 1F1B 1.32 / 13.7 %, GPipe 1.47 / 6.6 %,
