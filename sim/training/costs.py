@@ -38,9 +38,9 @@ class Ranks:
     ep: tuple[int, ...]
     dp_shard: tuple[int, ...]  # HSDP: the shard group, part of the dp group (== dp without HSDP)
     dp_replicate: tuple[int, ...]  # HSDP: one rank per shard group (a single rank without HSDP)
-    edp: tuple[int, ...] = ()  # the expert data-parallel group: the ranks holding the same experts
-    edp_shard: tuple[int, ...] = ()  # HSDP: the experts' shard group, part of edp (== edp without HSDP)
-    edp_replicate: tuple[int, ...] = ()  # HSDP: one rank per expert shard group
+    edp: tuple[int, ...]  # the expert data-parallel group: the ranks holding the same experts
+    edp_shard: tuple[int, ...]  # HSDP: the experts' shard group, part of edp (== edp without HSDP)
+    edp_replicate: tuple[int, ...]  # HSDP: one rank per expert shard group
 
 
 def rank_of(setup: TrainingSetup, *, tp: int = 0, cp: int = 0, dp: int = 0, pp: int = 0) -> int:

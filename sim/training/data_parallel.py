@@ -119,10 +119,7 @@ def _layer_parameter_split(setup: TrainingSetup, moe: bool) -> tuple[float, floa
 
 def _layer_parameters_per_rank(setup: TrainingSetup, moe: bool) -> float:
     """Parameters per rank of one dense or MoE layer (tp shards it, ep the experts too)."""
-    if moe:
-        dense, expert = _layer_parameter_split(setup, True)
-        return dense + expert
-    return _layer_parameter_split(setup, False)[0]
+    return sum(_layer_parameter_split(setup, moe))
 
 
 def _table_parameters_per_rank(setup: TrainingSetup) -> float:
@@ -508,9 +505,7 @@ def bucket_paced_gathers(
         full_s = collective(Collective.ALL_GATHER, bucket * 2.0, group) if full else 0.0
         remainder_s = collective(Collective.ALL_GATHER, remainder * 2.0, group) if remainder > 0.0 else 0.0
         units = full + (1 if remainder > 0.0 else 0) + expert_units
-        seconds = full * full_s + remainder_s
-        if expert_units:
-            seconds += expert_s
+        seconds = full * full_s + remainder_s + expert_s
         gathers.append(CommWork(axis="dp", kind=Collective.ALL_GATHER.value, message_bytes=(params + expert) * 2.0,
                                 duration_s=seconds))
         first_unit.append(remainder_s if remainder > 0.0 else full_s)
