@@ -42,6 +42,11 @@ class Collective(StrEnum):
     SEND_RECV = "send_recv"
 
 
+# An MoE layer's node-deduplicating token dispatch / combine: an op's collective name priced from its
+# routing by token_dispatch_time_s, not a Collective of collective_time_s
+TOKEN_DISPATCH = "token_dispatch"
+
+
 class Algorithm(StrEnum):
     RING = "ring"
     TREE = "tree"  # double binary tree across nodes, chain inside a node (all-reduce only)
@@ -308,7 +313,12 @@ def all_to_all_traffic_bytes(message_bytes: float, links: GroupLinks) -> tuple[f
 def _all_to_all_time_s(message_bytes: float, links: GroupLinks) -> float:
     """Pairwise exchange (NCCL grouped send/recv, Simple): the intra- and inter-node parts run
     concurrently; latency (n-1) alpha as in formulas.md 4.4."""
-    intra_bytes, inter_bytes = all_to_all_traffic_bytes(message_bytes, links)
+    return _pairwise_exchange_time_s(*all_to_all_traffic_bytes(message_bytes, links), links)
+
+
+def _pairwise_exchange_time_s(intra_bytes: float, inter_bytes: float, links: GroupLinks) -> float:
+    """A rank sending ``intra_bytes`` to peers in its node and ``inter_bytes`` to other nodes, both
+    parts concurrently at the group's achievable bandwidths, with (n-1) step latencies."""
     intra_step_s, inter_step_s = _step_latencies_s(links, Algorithm.RING, Protocol.SIMPLE)
     time_s = intra_bytes / (links.intra_bandwidth_Bps * links.intra_efficiency)
     step_s = intra_step_s
@@ -316,6 +326,48 @@ def _all_to_all_time_s(message_bytes: float, links: GroupLinks) -> float:
         time_s = max(time_s, inter_bytes / (links.inter_bandwidth_Bps * links.inter_efficiency))
         step_s = inter_step_s
     return links.launch_overhead_s + _BASE_LATENCY_US[Algorithm.RING][Protocol.SIMPLE] * units.us + (links.size - 1) * step_s + time_s
+
+
+def _routing_miss_probability(experts: int, top_k: int, held: int) -> float:
+    """Probability that none of a token's ``top_k`` distinct experts, drawn uniformly from ``experts``,
+    is among ``held`` of them: C(experts - held, top_k) / C(experts, top_k)."""
+    if top_k > experts - held:
+        return 0.0
+    return math.prod((experts - held - i) / (experts - i) for i in range(top_k))
+
+
+def token_dispatch_traffic_bytes(token_bytes: float, links: GroupLinks, *, experts: int, top_k: int) -> tuple[float, float]:
+    """(intra-node, inter-node) bytes one rank sends in a node-deduplicating token dispatch (DeepEP's
+    normal kernels, NVIDIA's HybridEP: Megatron-Core's ``flex`` dispatcher) of ``token_bytes`` of
+    distinct tokens, each routed to ``top_k`` of ``experts`` spread evenly over the group's ranks.
+
+    A token crosses to another node once, to the rank of the same local index there, if any of its
+    experts lives on that node, and that rank forwards it over NVLink to each other rank of its node
+    holding one of them; inside its own node it goes once to each other rank holding one (an NCCL
+    all-to-all of the permuted copies sends one copy per chosen expert instead). Uniform routing,
+    whole nodes: per rank the inter-node bytes are T (N - 1) p_node and the NVLink bytes, its own
+    node's copies plus the forwards of what it received, T N (g - 1) p_rank, where p_node and p_rank
+    are the chances that a token picks at least one expert of a given node / rank
+    (``_routing_miss_probability``)."""
+    n, g = links.size, min(links.ranks_per_node, links.size)
+    if n <= 1 or token_bytes <= 0:
+        return 0.0, 0.0
+    if experts % n or not 1 <= top_k <= experts:
+        raise ValueError(f"token dispatch of top {top_k} of {experts} experts over {n} ranks: experts must divide evenly and top_k be 1..experts")
+    nodes = -(-n // g)
+    p_rank = 1.0 - _routing_miss_probability(experts, top_k, experts // n)
+    p_node = 1.0 - _routing_miss_probability(experts, top_k, experts // n * g)
+    return token_bytes * nodes * (g - 1) * p_rank, token_bytes * (nodes - 1) * p_node
+
+
+def token_dispatch_time_s(token_bytes: float, links: GroupLinks, *, experts: int, top_k: int) -> float:
+    """Seconds of a node-deduplicating token dispatch (or its mirror, the combine) of ``token_bytes``
+    of distinct tokens per rank (``token_dispatch_traffic_bytes``): the NVLink and RDMA parts run
+    concurrently at the group's achievable bandwidths, plus the all-to-all's launch and step latencies."""
+    intra_bytes, inter_bytes = token_dispatch_traffic_bytes(token_bytes, links, experts=experts, top_k=top_k)
+    if intra_bytes <= 0 and inter_bytes <= 0:
+        return 0.0
+    return _pairwise_exchange_time_s(intra_bytes, inter_bytes, links)
 
 
 def _send_recv_time_s(message_bytes: float, links: GroupLinks) -> float:

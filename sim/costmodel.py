@@ -12,7 +12,9 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from hardware import cost
 from hardware.calibration import ROOFLINE, SOURCES
-from hardware.collectives import Collective, GroupLinks, calibrated_collective_s, collective_time_s
+from hardware.collectives import (
+    TOKEN_DISPATCH, Collective, GroupLinks, calibrated_collective_s, collective_time_s, token_dispatch_time_s,
+)
 from hardware.specs import GpuSpec
 from workloads.graph import Op
 
@@ -71,7 +73,7 @@ def op_cost_source(op: Op, gpu: GpuSpec, *, precision: str, links: Mapping[str, 
     calibration = gpu.calibration
     if op.kind == "collective":
         group = links.get(op.axis)
-        if group is None or group.size <= 1 or group.calibration is None:
+        if group is None or group.size <= 1 or group.calibration is None or op.collective == TOKEN_DISPATCH:
             return ROOFLINE
         if calibrated_collective_s(Collective(op.collective), op.message_bytes, group) is None:
             return ROOFLINE
@@ -138,6 +140,8 @@ def _op_time_s(
         group = links.get(op.axis)
         if group is None or group.size <= 1:
             return 0.0
+        if op.collective == TOKEN_DISPATCH:
+            return token_dispatch_time_s(op.message_bytes, group, experts=op.routed_experts, top_k=op.experts_per_token)
         return collective_time(Collective(op.collective), op.message_bytes, group)
     raise ValueError(f"op {op.name}: unknown kind '{op.kind}'")
 

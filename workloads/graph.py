@@ -68,6 +68,11 @@ class Op:
     # batch's own rate (an MoE layer's per-expert GEMMs); one host dispatch for all of them
     kernels: int = 1
     backward_kernels: int | None = None
+    # collective "token_dispatch" (an MoE layer's node-deduplicating dispatch or combine,
+    # ``hardware.collectives.token_dispatch_time_s``): ``message_bytes`` of distinct tokens, each routed
+    # to ``experts_per_token`` of the model's ``routed_experts``
+    routed_experts: int = 0
+    experts_per_token: int = 0
 
     @property
     def gemm_flops(self) -> float:
@@ -319,6 +324,8 @@ def unfused_attention_ops(
 
 # an MoE layer's expert matmuls: batches of one product per active local expert
 EXPERT_GEMMS = ("experts_up", "experts_down")
+# an MoE layer's expert-parallel token exchanges: the dispatch to the experts and the combine back
+EP_TOKEN_EXCHANGES = ("ep_dispatch", "ep_combine")
 
 
 def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll, a: float) -> list[Op]:  # type: ignore[no-untyped-def]
@@ -350,7 +357,7 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     regroup = 2 * arriving * h * a if local_experts > 1 and ep > 1 else 0.0
     ops.append(_permutation("moe_permute", 2 * exchanged))
     if ep > 1:
-        ops.append(coll("ep_dispatch", "all_to_all", "ep", exchanged))
+        ops.append(coll(EP_TOKEN_EXCHANGES[0], "all_to_all", "ep", exchanged))
     if regroup:
         ops.append(_permutation("moe_sort_chunks", regroup))
     active = expected_active_experts(local_experts, min(k, local_experts), routed // k * ep)
@@ -362,7 +369,7 @@ def _moe_ops(model: ModelSpec, tokens: int, sharding: Sharding, gemm, mem, coll,
     if regroup:
         ops.append(_permutation("moe_unsort_chunks", regroup))
     if ep > 1:
-        ops.append(coll("ep_combine", "all_to_all", "ep", exchanged))
+        ops.append(coll(EP_TOKEN_EXCHANGES[1], "all_to_all", "ep", exchanged))
     ops.append(_permutation("moe_unpermute", exchanged + exchanged / k))
     if model.shared_experts:
         fs = model.shared_experts * f
@@ -564,6 +571,7 @@ _CONJUGATE = {
     "reduce_scatter": "all_gather",
     "all_reduce": "all_reduce",
     "all_to_all": "all_to_all",
+    "token_dispatch": "token_dispatch",
     "send_recv": "send_recv",
     "broadcast": "reduce_scatter",
 }

@@ -41,6 +41,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "tp_gathered_input": ("training", ("regather", "save")),
         "moe_expert_gemm": ("training", ("grouped", "per_expert")),
         "moe_prob_scaling": ("training", ("hidden", "activation")),
+        "moe_dispatcher": ("training", ("alltoall", "flex")),
         "param_gather_pacing": ("training", ("bucket", "free")),
         "linear_bias": ("training", ("fused", "unfused", "skip_bias_add")),
         "fp8_recipe": ("training", ("delayed", "current")),

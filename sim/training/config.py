@@ -27,7 +27,7 @@ TRAINING_KEYS = (
     "fp8_backward_accumulation", "cross_entropy", "qkv_split", "attention_layout", "fp8_cast_fusion", "fp8_scale_update", "checkpoint",
     "host_forward_op_us", "host_backward_op_us", "selective_recompute", "fsdp_unit",
     "param_gather_pacing", "elementwise", "compile", "fp8_all_gather", "fsdp_kept_after_forward", "tp_gathered_input",
-    "moe_expert_gemm", "moe_prob_scaling", "failures", "dropout",
+    "moe_expert_gemm", "moe_prob_scaling", "moe_dispatcher", "failures", "dropout",
 )
 PARALLEL_KEYS = (
     "tp",
@@ -154,6 +154,10 @@ class TrainingSetup:
     # priced as one batched GEMM) | "per_expert" (a GEMM kernel per expert, each at its own shape:
     # Transformer Engine's GroupedLinear on Hopper, multi_stream_cublas_gemm); see sim.training.costs
     moe_expert_gemm: str = "grouped"
+    # how an MoE layer moves its tokens to the experts: "alltoall" (an NCCL all-to-all of the permuted
+    # copies: one per chosen expert) | "flex" (Megatron-Core's flex dispatcher on DeepEP / HybridEP: each
+    # token once per node and per rank it reaches); see hardware.collectives.token_dispatch_traffic_bytes
+    moe_dispatcher: str = "alltoall"
     # how tp_comm_overlap runs: "userbuffers" (Transformer Engine's comm-GEMM overlap: ring-exchange
     # all-gathers, pipelined and bulk reduce-scatters on SMs of their own) | "symmetric_memory"
     # (PyTorch's micro-pipelined async TP: all-gather and reduce-scatter matmuls in tp chunks with
@@ -492,6 +496,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         param_gather_pacing=settings["param_gather_pacing"],
         qkv_split=settings["qkv_split"],
         moe_expert_gemm=settings["moe_expert_gemm"],
+        moe_dispatcher=settings["moe_dispatcher"],
         pipeline_p2p=settings["pipeline_p2p"],
         tp_overlap_method=settings["tp_overlap_method"],
         linear_bias=settings["linear_bias"],

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from hardware.collectives import Collective, GroupLinks, collective_time_s
+from hardware.collectives import TOKEN_DISPATCH, Collective, GroupLinks, collective_time_s
 from hardware.topology import Cluster, spanning_links
 from sim import costmodel
 from sim.training.config import TrainingSetup, p2p_overlap_slowdown
@@ -25,7 +25,8 @@ from sim.training.work import ChunkWork, chain_host_bound, host_bound_pass_s
 from workloads.checkpointing import per_op_checkpoint, torch_matmuls
 from workloads.eager import eager_elementwise_ops, sdpa_layout_ops
 from workloads.plan import ParallelPlan
-from workloads.graph import EXPERT_GEMMS, Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
+from workloads.model import ModelSpec
+from workloads.graph import EP_TOKEN_EXCHANGES, EXPERT_GEMMS, Op, Sharding, backward_ops, embedding_ops, layer_forward_ops, lm_head_ops
 from workloads.precision import bytes_per_element
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,6 +218,8 @@ def layer_passes(
         forward = [replace(op, kernel=setup.attention_kernel) if op.kind == "attention" else op for op in forward]
     if setup.moe_expert_gemm == "per_expert":  # one GEMM kernel per local expert, each at its own shape
         forward = [replace(op, kernels=op.batch) if op.name in EXPERT_GEMMS else op for op in forward]
+    if setup.moe_dispatcher == "flex":
+        forward = flex_dispatch_ops(setup.model, forward)
     if setup.elementwise != "fused":
         forward = eager_elementwise_ops(forward, setup.model, fused_norm=setup.elementwise == "eager_fused_norm")
     if job.dropout > 0.0:
@@ -360,6 +363,21 @@ def with_dropout(setup: TrainingSetup, forward: list[Op]) -> list[Op]:
 # writing V. "none": no split (separate Q, K, V projections, or a kernel that reads the packed QKV
 # and writes its gradient packed).
 QKV_SPLIT_OP = "qkv_split"
+
+
+def flex_dispatch_ops(model: ModelSpec, forward: list[Op]) -> list[Op]:
+    """``forward`` with an MoE layer's expert-parallel dispatch and combine run by Megatron-Core's flex
+    dispatcher (``moe_dispatcher = "flex"``: DeepEP's normal kernels or NVIDIA's HybridEP) instead of
+    an all-to-all of the permuted copies: each carries the rank's distinct tokens (the all-to-all's
+    message over ``experts_per_token``) and sends each once to every node and rank it reaches
+    (``hardware.collectives.token_dispatch_traffic_bytes``); the combine mirrors it. The permutations
+    around them stay as the all-to-all dispatcher runs them."""
+    k = model.experts_per_token
+    return [
+        replace(op, collective=TOKEN_DISPATCH, message_bytes=op.message_bytes / k, routed_experts=model.experts, experts_per_token=k)
+        if op.kind == "collective" and op.name in EP_TOKEN_EXCHANGES else op
+        for op in forward
+    ]
 
 
 def qkv_split_ops(setup: TrainingSetup, forward: list[Op]) -> list[Op]:

@@ -163,7 +163,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         setup.main_grad_accumulation, setup.grad_reduce_dtype,
         setup.fp8_recipe, setup.fp8_bf16_edge_layers, setup.pipeline_p2p, setup.tp_overlap_method, setup.linear_bias,
         setup.fp8_cast_fusion, setup.fp8_all_gather, setup.cross_entropy, setup.fp8_scale_update,
-        setup.fp8_backward_accumulation, setup.qkv_split, setup.moe_expert_gemm, setup.host_forward_op_s,
+        setup.fp8_backward_accumulation, setup.qkv_split, setup.moe_expert_gemm, setup.moe_dispatcher, setup.host_forward_op_s,
         setup.host_backward_op_s,
     ))
     dp_context = cache.intern(

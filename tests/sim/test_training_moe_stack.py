@@ -101,7 +101,36 @@ def test_the_published_qwen3_moe_run_is_predicted_to_fit() -> None:
     assert hidden["peak_memory_bytes"] - fits["peak_memory_bytes"] > 11 * GiB
 
 
-@pytest.mark.parametrize(("key", "value"), [("moe_expert_gemm", "cutlass"), ("moe_prob_scaling", "input")])
+# Megatron-Bridge 26.04's H100 Qwen3 30B-A3B config (74695a06d): EP 16 over two nodes, the flex dispatcher
+QWEN3_EP16 = {**QWEN3_A10, "training": {**QWEN3_A10["training"], "global_batch": 1024, "micro_batch": 1},
+              "parallel": {"tp": 1, "pp": 1, "ep": 16, "zero": 1}}
+
+
+def test_the_flex_dispatcher_sends_each_token_once_per_node_and_rank() -> None:
+    alltoall = parse_training(QWEN3_EP16)
+    flex = parse_training({**QWEN3_EP16, "training": {**QWEN3_EP16["training"], "moe_dispatcher": "flex"}})
+    assert (alltoall.moe_dispatcher, flex.moe_dispatcher) == ("alltoall", "flex")
+    (a2a_ops, _, _), (flex_ops, flex_b, _) = layer_kind_ops(alltoall, MOE_LAYER), layer_kind_ops(flex, MOE_LAYER)
+    a2a = {op.name: op for op in a2a_ops if op.axis == "ep"}
+    dispatch = {op.name: op for op in flex_ops + flex_b if op.axis == "ep"}
+    assert sorted(dispatch) == ["ep_combine", "ep_combine_backward", "ep_dispatch", "ep_dispatch_backward"]
+    for name, op in dispatch.items():
+        assert op.collective == "token_dispatch" and (op.routed_experts, op.experts_per_token) == (128, 8)
+        assert op.message_bytes == pytest.approx(a2a[name.removesuffix("_backward")].message_bytes / 8, rel=1e-12)
+    # both fidelities price the same ops: the 2-node dispatch moves a quarter of the inter-node bytes
+    results = {(d, f): simulate(c, RunOptions(fidelity=f)).metrics() for d, c in (("a2a", QWEN3_EP16), ("flex", {
+        **QWEN3_EP16, "training": {**QWEN3_EP16["training"], "moe_dispatcher": "flex"}})) for f in ("analytic", "des")}
+    for fidelity in ("analytic", "des"):
+        ep_a2a = results["a2a", fidelity]["exposed_communication_s"]["ep"]
+        ep_flex = results["flex", fidelity]["exposed_communication_s"]["ep"]
+        assert ep_flex < 0.4 * ep_a2a
+    for dispatcher in ("a2a", "flex"):
+        des, analytic = results[dispatcher, "des"]["iteration_time_s"], results[dispatcher, "analytic"]["iteration_time_s"]
+        assert analytic == pytest.approx(des, rel=0.02)
+
+
+@pytest.mark.parametrize(("key", "value"), [("moe_expert_gemm", "cutlass"), ("moe_prob_scaling", "input"),
+                                            ("moe_dispatcher", "deepep")])
 def test_a_bad_moe_setting_is_one_line_exit_2(tmp_path: Path, key: str, value: str) -> None:
     config = tmp_path / "moe.toml"
     config.write_text(
