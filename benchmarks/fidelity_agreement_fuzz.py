@@ -102,6 +102,8 @@ def draw(rng: np.random.Generator) -> dict[str, Any]:
                                 "micro_batch": micro_batch, "precision": precision, "framework": one(*STACKS)}
     if parallel["zero"] == 3:
         training["fsdp_unit"] = one("layer", "chunk")
+    if moe and micro_batch == 1:  # the flex dispatcher on half the MoE plans, without a draw that would shift the others
+        training["moe_dispatcher"] = "flex"
     num_gpus = tp * pp * cp * dp
     cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": num_gpus}
     if pp % 2 == 0 and precision != "fp8" and rng.random() < 0.05:  # half the stages on A100, half on H100

@@ -338,7 +338,8 @@ def _routing_miss_probability(experts: int, top_k: int, held: int) -> float:
 
 def token_dispatch_traffic_bytes(token_bytes: float, links: GroupLinks, *, experts: int, top_k: int) -> tuple[float, float]:
     """(intra-node, inter-node) bytes one rank sends in a node-deduplicating token dispatch (DeepEP's
-    normal kernels, NVIDIA's HybridEP: Megatron-Core's ``flex`` dispatcher) of ``token_bytes`` of
+    normal kernels "with NVLink and RDMA forwarding", deepseek-ai/DeepEP docs/legacy.md; NVIDIA's
+    HybridEP: Megatron-Core's ``flex`` dispatcher) of ``token_bytes`` of
     distinct tokens, each routed to ``top_k`` of ``experts`` spread evenly over the group's ranks.
 
     A token crosses to another node once, to the rank of the same local index there, if any of its
