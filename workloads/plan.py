@@ -54,6 +54,10 @@ class ParallelPlan:
     recompute_layers: tuple[int, ...] = ()
     layers_per_stage: tuple[int, ...] = ()  # uneven split; empty = as even as possible
     tp_comm_overlap: bool = False
+    # MoE expert-parallel all-to-alls hidden behind another micro-batch's compute: Megatron-Core's
+    # combined 1F1B (--overlap-moe-expert-parallel-comm), the forward of one micro-batch co-scheduled
+    # layer by layer with the backward of another (sim.training.costs.ep_overlapped_layer)
+    ep_comm_overlap: bool = False
     offload: str = "none"
     activation_offload: float = 0.0  # fraction of pending micro-batches' activations kept in host memory
     vocab_parallel: bool = False  # embedding, LM head and loss split over all pipeline stages (Yeung et al. 2024)

@@ -46,6 +46,7 @@ PARALLEL_KEYS = (
     "layers_per_stage",
     "tp_comm_overlap",
     "tp_overlap_method",
+    "ep_comm_overlap",
     "dp_comm_overlap",
     "pipeline_p2p",
     "offload",
@@ -460,6 +461,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         # nothing to overlap and the flag is accepted
         tp_comm_overlap=_bool(parallel, "tp_comm_overlap", "parallel", False) if "tp_comm_overlap" in parallel
         else settings["tp_comm_overlap"] and tp > 1 and _bool(parallel, "sequence_parallel", "parallel", False),
+        ep_comm_overlap=_bool(parallel, "ep_comm_overlap", "parallel", False),
         offload=str(parallel.get("offload", "none")),
         vocab_parallel=_bool(parallel, "vocab_parallel", "parallel", False),
         activation_offload=_fraction(parallel, "activation_offload", "parallel"),
@@ -646,6 +648,15 @@ def validate_plan(
         )
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidPlanError("parallel.tp_comm_overlap = true needs sequence_parallel = true (as Megatron-Core)")
+    if plan.ep_comm_overlap:
+        # Megatron-Core's TransformerConfig checks for --overlap-moe-expert-parallel-comm
+        if plan.pp > 1 and plan.schedule != "interleaved":
+            raise InvalidPlanError(
+                f"parallel.ep_comm_overlap = true with pp {plan.pp} needs schedule 'interleaved' (got "
+                f"'{plan.schedule}'): Megatron-Core co-schedules forward and backward only there"
+            )
+        if plan.recompute == "full" or plan.recompute_layers:
+            raise InvalidPlanError("parallel.ep_comm_overlap = true needs recompute other than 'full' and no recompute_layers")
     if job.seq_len > model.max_seq_len and model.position == "learned":
         raise InvalidPlanError(
             f"training.seq_len {job.seq_len} exceeds the {model.max_seq_len} learned positions of model {model.name}"

@@ -1057,12 +1057,47 @@ def price_layer(
     f_ops, b_ops, w_ops = ops
     recompute = [op for op in b_ops if op.recompute]
     forward_s, backward_s = setup.host_forward_op_s, setup.host_backward_op_s
-    return LayerCost(
+    cost = LayerCost(
         forward=price_pass(setup, f_ops, links, cache, forward_s, forward_s),
         backward_input=price_pass(setup, b_ops, links, cache, backward_s, forward_s),
         backward_weight=price_pass(setup, w_ops, links, cache, backward_s, forward_s),
         recompute_s=price_pass(setup, recompute, links, cache).total_s if recompute else 0.0,
     )
+    return ep_overlapped_layer(setup, cost) if setup.plan.ep_comm_overlap else cost
+
+
+def ep_overlap_unpaired_share(setup: TrainingSetup) -> float:
+    """Share of a stage's forwards (and of its backwards) that Megatron-Core's combined 1F1B
+    (``parallel.ep_comm_overlap``) runs alone, with no pass of another micro-batch beside it: the
+    warm-up forwards and cool-down backwards. Without a pipeline, the first forward and the last
+    backward of m micro-batches; interleaved, each stage's (pp - rank - 1) x 2 + (v - 1) x pp warm-up
+    forwards plus the one extra the combined schedule adds (megatron/core/pipeline_parallel/
+    schedules.py get_pp_rank_microbatches), pp x v on average over the stages, of its m x v: pp / m."""
+    return min(1.0, setup.plan.pp / setup.num_microbatches)
+
+
+def ep_overlapped_layer(setup: TrainingSetup, cost: LayerCost) -> LayerCost:
+    """``cost`` with its expert-parallel all-to-alls hidden as Megatron-Core's combined 1F1B runs
+    them (``parallel.ep_comm_overlap``, --overlap-moe-expert-parallel-comm; combined_1f1b.py): a
+    layer's forward for one micro-batch runs beside the same layer's backward for another, their
+    communication on a stream of its own, so the forward's dispatch and combine hide behind the
+    backward's compute (input and weight gradients) and the backward's behind the forward's compute.
+    The compute they overlap runs ``overlap_slowdown`` slower meanwhile (the communication kernels'
+    SMs). The warm-up forwards and cool-down backwards run alone (``ep_overlap_unpaired_share``)
+    and keep their all-to-alls exposed; each pass carries the mean over its micro-batches."""
+    forward, backward, weight = cost.forward, cost.backward_input, cost.backward_weight
+    alone = ep_overlap_unpaired_share(setup)
+    cost_of_hiding = setup.overlap_slowdown - 1.0
+
+    def overlapped(pass_cost: PassCost, partner_compute_s: float) -> PassCost:
+        exposed = pass_cost.exposed_comm_s.get("ep", 0.0)
+        hidden = (1.0 - alone) * min(exposed, partner_compute_s)
+        if hidden <= 0.0:
+            return pass_cost
+        return replace(pass_cost, exposed_comm_s={**pass_cost.exposed_comm_s, "ep": exposed - hidden + hidden * cost_of_hiding})
+
+    return replace(cost, forward=overlapped(forward, backward.compute_s + weight.compute_s),
+                   backward_input=overlapped(backward, forward.compute_s))
 
 
 def end_ops(setup: TrainingSetup, *, first: bool, last: bool) -> list[tuple[list[Op], list[Op], list[Op]]]:

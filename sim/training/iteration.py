@@ -18,6 +18,7 @@ from sim.training.costs import (
     chunk_link_axes,
     chunk_cost,
     chunk_layer_kinds,
+    ep_overlap_unpaired_share,
     collective_axes,
     fp8_weight_cast_s,
     group_links,
@@ -164,7 +165,7 @@ def pricing_keys(setup: TrainingSetup, cache: PricingCache) -> PricingKeys:
         setup.fp8_recipe, setup.fp8_bf16_edge_layers, setup.pipeline_p2p, setup.tp_overlap_method, setup.linear_bias,
         setup.fp8_cast_fusion, setup.fp8_all_gather, setup.cross_entropy, setup.fp8_scale_update,
         setup.fp8_backward_accumulation, setup.qkv_split, setup.moe_expert_gemm, setup.moe_dispatcher, setup.host_forward_op_s,
-        setup.host_backward_op_s,
+        setup.host_backward_op_s, ep_overlap_unpaired_share(setup) if plan.ep_comm_overlap else 0.0,
     ))
     dp_context = cache.intern(
         ("dp", ids.cluster, setup.dp_comm_overlap, setup.grad_reduce_dtype, setup.optimizer_kernels, setup.grad_buffer_passes,

@@ -19,7 +19,7 @@ from sim.costmodel import op_time_s
 from sim.runner import RunOptions, simulate
 from sim.training.activations import ROUTER_PROB_BYTES, layer_activation_parts
 from sim.training.config import parse_training
-from sim.training.costs import layer_kind_ops
+from sim.training.costs import ep_overlap_unpaired_share, group_links, layer_kind_ops, price_layer
 from workloads.errors import InvalidPlanError
 from workloads.graph import EXPERT_GEMMS
 
@@ -253,3 +253,52 @@ def test_folded_experts_from_the_cli(tmp_path: Path) -> None:
     table = subprocess.run([sys.executable, "-m", "sim", "simulate", str(config)], cwd=REPO, capture_output=True,
                            text=True, env={"PYTHONPATH": str(REPO), "PATH": ""})
     assert "ep 16  etp 1" in table.stdout
+
+
+def _overlap(config: dict, **parallel: object) -> dict:
+    return {**config, "parallel": {**config["parallel"], "ep_comm_overlap": True, **parallel}}
+
+
+def test_ep_comm_overlap_hides_each_passs_all_to_alls_behind_the_other_passs_compute() -> None:
+    # PP 2 x 24 chunks, 512 / (8 x 2) = 32 micro-batches: 2 of 32 passes run alone (pp / m)
+    blocking, overlapped = parse_training(QWEN3_A10), parse_training(_overlap(QWEN3_A10))
+    alone = 2 / 32
+    slowdown = overlapped.overlap_slowdown - 1.0
+    assert ep_overlap_unpaired_share(overlapped) == pytest.approx(alone, rel=1e-12)
+    links = group_links(blocking, 0)
+    base = price_layer(blocking, layer_kind_ops(blocking, MOE_LAYER), links)
+    hidden = price_layer(overlapped, layer_kind_ops(overlapped, MOE_LAYER), links)
+    f, b, w = base.forward, base.backward_input, base.backward_weight
+    assert f.exposed_comm_s["ep"] > 0 and b.exposed_comm_s["ep"] > 0
+    for name, own, partner in (("forward", f, b.compute_s + w.compute_s), ("backward_input", b, f.compute_s)):
+        covered = (1 - alone) * min(own.exposed_comm_s["ep"], partner)
+        expected = own.exposed_comm_s["ep"] - covered * (1 - slowdown)
+        assert getattr(hidden, name).exposed_comm_s["ep"] == pytest.approx(expected, rel=1e-12)
+        assert getattr(hidden, name).compute_s == own.compute_s
+    assert hidden.backward_weight == w
+    # end to end, in both fidelities alike
+    step = {f: (_metrics_at(QWEN3_A10, f), _metrics_at(_overlap(QWEN3_A10), f)) for f in ("analytic", "des")}
+    for before, after in step.values():
+        assert after["exposed_communication_s"]["ep"] < 0.3 * before["exposed_communication_s"]["ep"]
+        assert after["iteration_time_s"] < before["iteration_time_s"]
+    assert step["analytic"][1]["iteration_time_s"] == pytest.approx(step["des"][1]["iteration_time_s"], rel=0.02)
+
+
+def _metrics_at(config: dict, fidelity: str) -> dict:
+    return simulate(config, RunOptions(fidelity=fidelity)).metrics()
+
+
+def test_ep_comm_overlap_with_as_many_micro_batches_as_stages_hides_nothing() -> None:
+    # 32 sequences over dp 8 at micro-batch 2 on pp 2: interleaving needs m >= pp; with m = pp every pass is warm-up
+    few = _overlap({**QWEN3_A10, "training": {**QWEN3_A10["training"], "global_batch": 32}})
+    blocking = {**few, "parallel": {**few["parallel"], "ep_comm_overlap": False}}
+    assert _metrics(few)["iteration_time_s"] == pytest.approx(_metrics(blocking)["iteration_time_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("parallel", "words"), [
+    ({"schedule": "1f1b", "virtual_stages": 1}, "needs schedule 'interleaved'"),
+    ({"recompute": "full"}, "recompute other than 'full'"),
+])
+def test_ep_comm_overlap_refuses_what_megatron_refuses(parallel: dict, words: str) -> None:
+    with pytest.raises(InvalidPlanError, match=words):
+        parse_training(_overlap(QWEN3_A10, **parallel))
