@@ -104,6 +104,9 @@ def draw(rng: np.random.Generator) -> dict[str, Any]:
         training["fsdp_unit"] = one("layer", "chunk")
     if moe and micro_batch == 1:  # the flex dispatcher on half the MoE plans, without a draw that would shift the others
         training["moe_dispatcher"] = "flex"
+    if moe and m % 4 == 0 and parallel["recompute"] != "full" and not parallel.get("recompute_layers") and (
+            pp == 1 or parallel["schedule"] == "interleaved"):  # the combined 1F1B where Megatron-Core runs it
+        parallel["ep_comm_overlap"] = True
     num_gpus = tp * pp * cp * dp
     cluster: dict[str, Any] = {"gpu": gpu, "num_gpus": num_gpus}
     if pp % 2 == 0 and precision != "fp8" and rng.random() < 0.05:  # half the stages on A100, half on H100
