@@ -13,7 +13,11 @@ takes, once per fidelity.
 
     PYTHONPATH=. python benchmarks/fidelity_agreement_fuzz.py [--plans N] [--seed S] [--workers W] [--worst K]
 
-On merged main (2026-12, 2-core machine, 2 workers, about five minutes), 15,000 configs of seed 1:
+With the MoE plans drawn half on the flex dispatcher (micro-batch 1) and, where Megatron-Core runs it, on
+the combined 1F1B (ep_comm_overlap; 2026-12-06, the same seed): ZeRO 0-2 unchanged (0.33 %, 90 beyond
+5 %, 23 beyond 10 %, worst +17.7 %), ZeRO-3 1.95 %, 294 beyond 5 %, 85 beyond 10 %, worst +41.9 % (a dense
+ZB-H2 plan at pp 1): both settings price the same per-pass costs in each fidelity.
+Before them (2026-12, 2-core machine, 2 workers, about five minutes), 15,000 configs of seed 1:
 the 9,992 ZeRO 0-2 plans read 0.33 % from the DES on average, 88 beyond 5 % and 21 beyond 10 %, worst
 +22.3 % (breadth-first, Hanayo, ZB-V and V-Half plans of few micro-batches: the closed form counts
 their buckets against dense compute where the stage idles between its last gradient ops); the 2,534
