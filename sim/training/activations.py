@@ -218,12 +218,20 @@ def inflight_microbatches(plan: ParallelPlan, num_microbatches: int, stage: int)
     Qi et al. 2023 ZB-H1 keeps 1F1B's peak); interleaved with v chunks Megatron's warm-up of
     (pp - stage - 1) * 2 + (v - 1) * pp chunk-forwards plus one, capped at m * v, divided by v (on
     stage 0 pp * (1 + (pp - 1)/(pp v)), Narayanan et al. 2021's interleave penalty).
+
+    Megatron-Core's combined 1F1B (``ep_comm_overlap`` with ep > 1) runs each forward beside the
+    backward of the micro-batch before it, so one more forward is done before that backward frees its
+    activations: interleaved, the one extra warm-up chunk-forward its schedule adds (1 / v of a stage;
+    get_pp_rank_microbatches), without a pipeline a second micro-batch; capped at m.
     """
     if not 0 <= stage < plan.pp:
         raise ValueError(f"stage {stage} out of range 0..{plan.pp - 1} for pp = {plan.pp}")
     if num_microbatches < 1:
         raise ValueError(f"num_microbatches = {num_microbatches} must be >= 1")
-    return plan_occupancy(plan, num_microbatches).inflight_stages(stage)
+    inflight = plan_occupancy(plan, num_microbatches).inflight_stages(stage)
+    if plan.ep_comm_overlap and plan.ep > 1:
+        inflight = min(float(num_microbatches), inflight + (1.0 / plan.virtual_stages if plan.pp > 1 else 1.0))
+    return inflight
 
 
 # ---- parameters ----------------------------------------------------------------------------------

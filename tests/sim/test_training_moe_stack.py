@@ -302,3 +302,16 @@ def test_ep_comm_overlap_with_as_many_micro_batches_as_stages_hides_nothing() ->
 def test_ep_comm_overlap_refuses_what_megatron_refuses(parallel: dict, words: str) -> None:
     with pytest.raises(InvalidPlanError, match=words):
         parse_training(_overlap(QWEN3_A10, **parallel))
+
+
+def test_the_combined_1f1b_holds_one_more_forward() -> None:
+    from sim.training.activations import inflight_microbatches
+
+    interleaved, overlapped = parse_training(QWEN3_A10).plan, parse_training(_overlap(QWEN3_A10)).plan
+    for stage in (0, 1):  # one extra chunk-forward of 24 in the warm-up
+        assert inflight_microbatches(overlapped, 32, stage) == pytest.approx(
+            inflight_microbatches(interleaved, 32, stage) + 1 / 24, rel=1e-12)
+    flat = parse_training(QWEN3_EP16).plan
+    assert inflight_microbatches(flat, 64, 0) == 1.0
+    assert inflight_microbatches(dataclasses.replace(flat, ep_comm_overlap=True), 64, 0) == 2.0
+    assert inflight_microbatches(dataclasses.replace(flat, ep_comm_overlap=True), 1, 0) == 1.0
