@@ -30,7 +30,9 @@ def test_catalog_holds_every_stack_with_every_setting_sourced() -> None:
         assert DEFAULT_FRAMEWORK[kind] in profiles(kind)
         for profile in profiles(kind).values():
             assert set(profile.settings) == set(SETTINGS[kind])
-            assert all(profile.sources[key].strip() for key in profile.settings)
+            # a source says where the value comes from: never the bare value again
+            assert all(profile.sources[key].strip() and profile.sources[key].strip() != str(value).lower()
+                       and len(profile.sources[key].split()) > 1 for key, value in profile.settings.items()), profile.name
 
 
 def _config(**training) -> dict:
