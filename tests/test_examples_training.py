@@ -286,6 +286,21 @@ def test_expert_parallel_adds_all_to_all_and_imbalance_slows_it(fidelity: str) -
     assert ep8["iteration_time_s"] > balanced["iteration_time_s"]
 
 
+@pytest.mark.parametrize("fidelity", FIDELITIES)
+def test_the_flex_dispatcher_and_the_combined_1f1b_shrink_the_exposed_all_to_alls(fidelity: str) -> None:
+    path = _example("train-qwen3-30b-a3b-ep16-flex-h100")
+    flex = simulate(path, fidelity)
+    alltoall = simulate(path, fidelity, "training.moe_dispatcher=alltoall")
+    overlapped = simulate(path, fidelity, "parallel.ep_comm_overlap=true")
+    # two nodes, top 8 of 128 experts: a quarter of the all-to-all's inter-node bytes
+    assert flex["exposed_communication_s"]["ep"] < 0.4 * alltoall["exposed_communication_s"]["ep"]
+    assert flex["iteration_time_s"] < alltoall["iteration_time_s"]
+    assert overlapped["exposed_communication_s"]["ep"] < flex["exposed_communication_s"]["ep"]
+    assert overlapped["iteration_time_s"] < flex["iteration_time_s"]
+    # the combined 1F1B holds a second micro-batch's activations (no pipeline)
+    assert overlapped["memory_bytes"]["activations"] == pytest.approx(2 * flex["memory_bytes"]["activations"], rel=1e-9)
+
+
 def test_fp8_is_faster_than_bf16_and_mfu_uses_the_fp8_peak() -> None:
     path = _example("train-fp8-h100")
     fp8 = simulate(path, "analytic", "training.precision=fp8")
