@@ -652,8 +652,8 @@ def validate_plan(
         # Megatron-Core's TransformerConfig checks for --overlap-moe-expert-parallel-comm
         if plan.pp > 1 and plan.schedule != "interleaved":
             raise InvalidPlanError(
-                f"parallel.ep_comm_overlap = true with pp {plan.pp} needs schedule 'interleaved' (got "
-                f"'{plan.schedule}'): Megatron-Core co-schedules forward and backward only there"
+                f"parallel.ep_comm_overlap = true with pp {plan.pp} needs schedule 'interleaved': Megatron-Core "
+                "co-schedules forward and backward only there"
             )
         if plan.recompute == "full" or plan.recompute_layers:
             raise InvalidPlanError("parallel.ep_comm_overlap = true needs recompute other than 'full' and no recompute_layers")
