@@ -167,7 +167,8 @@ def _times_ok(value: Any, path: str = "") -> list[str]:
     bad: list[str] = []
     if isinstance(value, float) and not math.isfinite(value):
         bad.append(path)
-    elif isinstance(value, int | float) and not isinstance(value, bool) and value < 0 and ("_s" in path or "time" in path):
+    elif isinstance(value, int | float) and not isinstance(value, bool) and value < 0 and (
+            "_s" in path or "time" in path) and not path.endswith(".error"):  # a signed relative error may be < 0
         bad.append(path)
     elif isinstance(value, dict):
         for k, v in value.items():

@@ -325,6 +325,9 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     busy = [0.0] * pp
     compute_end = [0.0] * pp
     compute_start = [0.0] * pp  # start of each stage's first compute op
+    # when the first op's parameter gather was in (it is issued at 0): under post-validation the next
+    # iteration's gather waits for this stage's optimizer step, so the span counts it (0: no gather)
+    first_gather_in = [0.0] * pp
     slow_extra = [0.0] * pp
     gather_waits = [0.0] * pp
     acc_pp_end = [0.0] * pp
@@ -389,6 +392,8 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
             hold = tail = 0.0  # when the op's last unit is gathered, if after its start (else 0); its share
             if g_wait is not None:
                 ready, gathered = gather_done[g_wait]
+                if not started:
+                    first_gather_in[s] = ready
                 if ready > start:
                     gather_waits[s] += ready - start
                     start = ready
@@ -511,8 +516,12 @@ def run_pipeline(work: PipelineWork, *, trace: bool = False) -> PipelineResult:
     pipeline_time = max(compute_end)
     # Post-validation (``tiles_iterations``): no barrier between iterations, each stage starts its next
     # one when its own optimizer step ends, so the iteration lasts its longest stage span (the next
-    # iteration's program shifted by that much meets every dependency); the bubble is measured over it
-    offset = compute_start if tiles_iterations(work.schedule) else [0.0] * pp
+    # iteration's program shifted by that much meets every dependency); the bubble is measured over it.
+    # A first op that needs gathered parameters (ZeRO-3, paced ZeRO-1/2 gathers) also needs the next
+    # iteration's gather, which starts after this stage's optimizer step: the span then runs from the
+    # first op's start less that gather's time (the whole span when the op waited on it)
+    offset = ([start - gathered for start, gathered in zip(compute_start, first_gather_in)]
+              if tiles_iterations(work.schedule) else [0.0] * pp)
     spans = [stage_end[s] - offset[s] for s in range(pp)]
     iteration = max(spans)
     critical = spans.index(iteration)

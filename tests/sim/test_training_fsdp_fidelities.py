@@ -52,6 +52,15 @@ def test_a_gather_longer_than_the_forward_stalls_the_backward_in_both_fidelities
     assert analytic.iteration_time_s == pytest.approx(des.iteration_time_s, rel=EXACT)
 
 
+def test_post_validation_counts_the_gather_its_next_iteration_waits_for() -> None:
+    # ZB-H2's iterations tile (no barrier), but under FSDP the next iteration's first gather needs this
+    # iteration's optimizer step: at one stage and m = 1 it is ZB-H1's program, F0 B0 W0, and lasts as
+    # long. Counting the span from F0's start, the DES had read the 2 s gather as hidden (2 s less)
+    tiled, plain = (run_pipeline(fsdp_work(1, 2.0, 0.5, 1, 1.0, schedule)) for schedule in ("zb-h2", "zb-h1"))
+    assert tiled.iteration_time_s == pytest.approx(plain.iteration_time_s, rel=EXACT)
+    assert tiled.iteration_time_s > 2.0 + 1.0 + 2.0  # the gather, F and B (with W) at least
+
+
 @pytest.mark.parametrize("m", [1, 2, 4])
 @pytest.mark.parametrize("gather_s", [0.25, 1.0, 2.0, 4.0])
 @pytest.mark.parametrize(("grad_sync_s", "buckets"), [(0.5, 1), (0.5, 100), (4.0, 4), (4.0, 100)])
