@@ -467,13 +467,13 @@ def _stage_finishes(
 
 @lru_cache(maxsize=256)
 def alternates(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> bool:
-    """Whether the program is one stage running one chunk as F0 B0 F1 B1 ... with a fused backward
-    (``fsdp_alternating_s`` is then the DES's FSDP timeline)."""
+    """Whether the program is one stage running one chunk as F0 B0 W0 F1 B1 W1 ..., its backward fused
+    or split (ZB-H1 at pp 1: each W right after its B) (``fsdp_alternating_s`` is then the DES's FSDP
+    timeline)."""
     if pp != 1 or virtual_stages != 1:
         return False
     program = schedule_program(schedule, 1, num_microbatches, 1)
-    return not program.split_backward and program.steps[0] == tuple(
-        (kind, mb, 0) for mb in range(num_microbatches) for kind in ("F", "B", "W"))
+    return program.steps[0] == tuple((kind, mb, 0) for mb in range(num_microbatches) for kind in ("F", "B", "W"))
 
 
 def _held_compute(work_s: float, window_s: float, hold_s: float, tail_share: float, slowdown: float) -> tuple[float, float]:
@@ -498,7 +498,7 @@ def _held_compute(work_s: float, window_s: float, hold_s: float, tail_share: flo
 def fsdp_alternating_s(
     forward_s: float, backward_s: float, gather_s: float, grad_sync_s: float, last_bucket_s: float, buckets: int,
     num_microbatches: int, overlap_slowdown: float, first_unit_s: float | None = None, tail_share: float = 0.0,
-    backward_gather: tuple[float, float, float] | None = None,
+    backward_gather: tuple[float, float, float] | None = None, split_weight_s: float | None = None,
 ) -> float:
     """Compute and FSDP stream of one stage running F0 B0 F1 B1 ... (one chunk, fused backward), from
     the first gather to the end of the last backward or of the stream after it, whichever is later.
@@ -515,9 +515,14 @@ def fsdp_alternating_s(
     (``compute_beside_communication``; a B overlaps all its buckets but the last). Exact without a
     slowdown when the buckets are equal; with one, B's buckets are taken as running from its start
     (they run as they become ready), so it is a little long when the buckets are few and longer than B.
-    ``backward_gather``: a B's gather, its first unit and tail share where they differ from the F's."""
+    ``backward_gather``: a B's gather, its first unit and tail share where they differ from the F's.
+    ``split_weight_s``: the backward is split (ZB-H1 at pp 1) into a B of ``backward_s`` less this W
+    and the W right after it: the B waits for its gather (its own tail share held) beside the
+    gathers alone, the W then runs beside what is left of them and the buckets, which it spreads
+    over itself (the first ready 1/buckets into it)."""
     first = gather_s if first_unit_s is None else first_unit_s
     gather_b, first_b, tail_b = backward_gather if backward_gather is not None else (gather_s, first, tail_share)
+    split = split_weight_s is not None
     t = first  # the first unit of the first gather: nothing to hide behind
     own = leftover = gather_s - first  # of F_i's own gather / of the stream, left when F_i starts
     for i in range(num_microbatches):
@@ -527,14 +532,24 @@ def fsdp_alternating_s(
         t += backward_start
         own_b = window - backward_start if window > backward_start else 0.0  # of B_i's gather
         following = own_b + gather_s if i < num_microbatches - 1 else own_b  # F_(i+1)'s gather ends
-        backward, unheld = _held_compute(backward_s, following + grad_sync_s - last_bucket_s, own_b, tail_b,
-                                         overlap_slowdown)
         end = following
-        if buckets:
-            end = max(following + grad_sync_s, unheld / buckets + grad_sync_s, backward + last_bucket_s)
-            if backward > unheld:  # the buckets after the hold's boundary wait with it
-                end = max(end, _held_buckets_end(backward_s, backward, own_b, tail_b, grad_sync_s, last_bucket_s,
-                                                 buckets))
+        if split:
+            weight = split_weight_s or 0.0
+            backward, _ = _held_compute(backward_s - weight, following, own_b, tail_b, overlap_slowdown)
+            stream_left = following - backward if following > backward else 0.0
+            inside, left = compute_beside_communication(weight, stream_left + grad_sync_s - last_bucket_s, overlap_slowdown)
+            first_ready = backward + (inside + left) / buckets if buckets else 0.0
+            backward += inside + left
+            if buckets:
+                end = max(following + grad_sync_s, first_ready + grad_sync_s, backward + last_bucket_s)
+        else:
+            backward, unheld = _held_compute(backward_s, following + grad_sync_s - last_bucket_s, own_b, tail_b,
+                                             overlap_slowdown)
+            if buckets:
+                end = max(following + grad_sync_s, unheld / buckets + grad_sync_s, backward + last_bucket_s)
+                if backward > unheld:  # the buckets after the hold's boundary wait with it
+                    end = max(end, _held_buckets_end(backward_s, backward, own_b, tail_b, grad_sync_s, last_bucket_s,
+                                                     buckets))
         if i < num_microbatches - 1:
             start = max(backward, own_b + first)  # F_(i+1) waits for its first unit
             t += start
@@ -897,7 +912,8 @@ def finish_iteration(
                 exposed_dp = fsdp_alternating_s(
                     chunk.forward_s, chunk.backward_s, dp.gathers_s[0], dp.grad_sync_s, dp.last_bucket_s, dp.buckets,
                     m, overlap_slowdown, dp.gather_first_s[0], dp.gather_tail_share[0],
-                    (dp.backward_gathers_s[0], dp.backward_gather_first_s[0], dp.backward_gather_tail_share[0])) - compute
+                    (dp.backward_gathers_s[0], dp.backward_gather_first_s[0], dp.backward_gather_tail_share[0]),
+                    chunk.backward_weight_s if phase.profile.split_backward else None) - compute
             else:
                 # several stages or chunks: the stream hides behind the stage's compute but the first
                 # gather's first unit and the last bucket are exposed; the rest overlaps the m
