@@ -13,6 +13,10 @@ takes, once per fidelity.
 
     PYTHONPATH=. python benchmarks/fidelity_agreement_fuzz.py [--plans N] [--seed S] [--workers W] [--worst K]
 
+With ZB-H2's span counting the gather its first op waits for and ZB-H1 at one stage followed op by op
+(2026-12-06, later; the same draw): ZeRO 0-2 0.33 %, 91 beyond 5 %, 23 beyond 10 %, worst +17.7 %; ZeRO-3
+1.92 %, 297 beyond 5 %, 83 beyond 10 %, worst +35.1 % (a Mixtral V-Min pipeline); ZB-H1 1.59 -> 1.40 %,
+ZB-H2 1.92 -> 1.79 % (worst +41.9 -> -11.2 %).
 With the MoE plans drawn half on the flex dispatcher (micro-batch 1) and, where Megatron-Core runs it, on
 the combined 1F1B (ep_comm_overlap; 2026-12-06, the same seed): ZeRO 0-2 unchanged (0.33 %, 90 beyond
 5 %, 23 beyond 10 %, worst +17.7 %), ZeRO-3 1.95 %, 294 beyond 5 %, 85 beyond 10 %, worst +41.9 % (a dense

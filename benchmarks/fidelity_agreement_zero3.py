@@ -2,7 +2,7 @@
 distribution; not a test: about four minutes of CPU).
 
 The DESIGN rule: the two fidelities agree wherever they model the same overlap (issue 11, on FSDP /
-ZeRO-3 plans too). One stage running F0 B0 F1 B1 ... is followed op by op (``analytic.fsdp_alternating_s``,
+ZeRO-3 plans too). One stage running F0 B0 W0 F1 ... (fused or split backward) is followed op by op (``analytic.fsdp_alternating_s``,
 tests/sim/test_training_fsdp_fidelities.py); with several stages or chunks the analytic fidelity prices
 the stream in aggregate and bounds it from each stage's first B (``analytic.first_backward_starts``).
 This sweep measures what that leaves: Llama 3 8B (64 H100, TP 1), Llama 3 70B (256 H100, TP 4) and
@@ -12,7 +12,10 @@ Mixtral 8x7B (256 H100, EP 4), sequence 4,096, micro-batch 1, full recompute, Ze
 
     PYTHONPATH=. python benchmarks/fidelity_agreement_zero3.py [--worst N] [--csv FILE]
 
-On merged main (2026-12-06, 8 s of CPU) with the Mixtral plans' experts sharded and gathered over
+On merged main (2026-12-06, later), with ZB-H1 at one stage followed op by op too
+(``fsdp_alternating_s`` with ``split_weight_s``): 504 plans, mean 1.46 %, median 1.01 %, beyond 5 %
+18, worst +13.6 % (the same Llama 3 70B plan); the pp 1 ZB-H1 plans now sit on the DES.
+Before (2026-12-06, 8 s of CPU), with the Mixtral plans' experts sharded and gathered over
 their expert-data-parallel group (under HSDP its ranks inside a shard group, replicated across): 504
 plans, mean 1.65 %, median 1.16 %, beyond 5 % 23, beyond 10 % 3, worst +13.6 % (the same Llama 3 70B
 plan), then Mixtral pp 1 ZB-H1 chunk units -11.9 % (the 72 Mixtral plans without HSDP 1.14 -> 3.17 %:
