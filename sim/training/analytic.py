@@ -500,8 +500,9 @@ def fsdp_alternating_s(
     num_microbatches: int, overlap_slowdown: float, first_unit_s: float | None = None, tail_share: float = 0.0,
     backward_gather: tuple[float, float, float] | None = None, split_weight_s: float | None = None,
 ) -> float:
-    """Compute and FSDP stream of one stage running F0 B0 F1 B1 ... (one chunk, fused backward), from
-    the first gather to the end of the last backward or of the stream after it, whichever is later.
+    """Compute and FSDP stream of one stage running F0 B0 F1 B1 ... (one chunk, its backward fused, or
+    split with each W right after its B: ``split_weight_s``), from the first gather to the end of the
+    last backward or of the stream after it, whichever is later.
 
     The DES's rules (``pipeline_des``) followed op by op on the one FIFO data-parallel stream: each op
     issues the next op's gather when it starts (the first at time 0) and starts once the first unit
@@ -522,7 +523,7 @@ def fsdp_alternating_s(
     over itself (the first ready 1/buckets into it)."""
     first = gather_s if first_unit_s is None else first_unit_s
     gather_b, first_b, tail_b = backward_gather if backward_gather is not None else (gather_s, first, tail_share)
-    split = split_weight_s is not None
+    split, weight = split_weight_s is not None, split_weight_s or 0.0
     t = first  # the first unit of the first gather: nothing to hide behind
     own = leftover = gather_s - first  # of F_i's own gather / of the stream, left when F_i starts
     for i in range(num_microbatches):
@@ -533,15 +534,14 @@ def fsdp_alternating_s(
         own_b = window - backward_start if window > backward_start else 0.0  # of B_i's gather
         following = own_b + gather_s if i < num_microbatches - 1 else own_b  # F_(i+1)'s gather ends
         end = following
-        if split:
-            weight = split_weight_s or 0.0
-            backward, _ = _held_compute(backward_s - weight, following, own_b, tail_b, overlap_slowdown)
-            stream_left = following - backward if following > backward else 0.0
+        if split:  # B beside the gathers, then W beside what is left of them and its buckets
+            b_end, _ = _held_compute(backward_s - weight, following, own_b, tail_b, overlap_slowdown)
+            stream_left = following - b_end if following > b_end else 0.0
             inside, left = compute_beside_communication(weight, stream_left + grad_sync_s - last_bucket_s, overlap_slowdown)
-            first_ready = backward + (inside + left) / buckets if buckets else 0.0
-            backward += inside + left
-            if buckets:
-                end = max(following + grad_sync_s, first_ready + grad_sync_s, backward + last_bucket_s)
+            backward = b_end + inside + left
+            if buckets:  # the first ready 1/buckets into the W
+                end = max(following + grad_sync_s, b_end + (inside + left) / buckets + grad_sync_s,
+                          backward + last_bucket_s)
         else:
             backward, unheld = _held_compute(backward_s, following + grad_sync_s - last_bucket_s, own_b, tail_b,
                                              overlap_slowdown)
