@@ -383,7 +383,8 @@ def _row(rank: int, p: Plan, train_tokens: float | None) -> str:
     cost = f"{p.cost_per_hour:7,.0f}" if p.cost_per_hour is not None else "      -"
     train = _duration(train_tokens / m["tokens_per_s"]) if train_tokens else "-"
     tokens = f"{m['tokens_per_s']:,.0f} ({p.analytic['tokens_per_s']:,.0f})" if p.des is not None else f"{m['tokens_per_s']:,.0f}"
-    ep = f"{c.ep}/{c.etp}" if c.etp else str(c.ep)  # experts folded apart from the attention: ep/etp
+    # experts folded apart from the attention: ep/etp; their all-to-alls hidden by the combined 1F1B: a "+"
+    ep = (f"{c.ep}/{c.etp}" if c.etp else str(c.ep)) + ("+" if c.ep_comm_overlap else "")
     return (f"{rank:>3} {p.context.gpu:<14} {p.context.num_gpus:>5} {c.tp:>3} {c.pp:>3} {dp:>4} {c.cp:>2} {ep:>2} "
             f"{c.zero:>4} {'y' if c.sequence_parallel else 'n':>2} {c.schedule:<11} {c.virtual_stages:>2} {c.micro_batch:>3} {recompute:<10} {split:<16} "
             f"{tokens:>22} {m['mfu']:6.1%} {m['peak_memory_bytes'] / units.GiB:6.1f}/{p.context_capacity / units.GiB:<6.0f} "

@@ -35,7 +35,7 @@ GOAL_KEYS = (
 # [parallel] keys the planner can search over (a list of values or "auto"); absent ones: "auto"
 AUTO_AXES = ("tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages", "recompute")
 # [parallel] keys searched only when [search] lists them; otherwise their [parallel] value (or default)
-LISTED_AXES = ("sequence_parallel", "offload", "hsdp", "tp_comm_overlap", "cp_comm", "etp")
+LISTED_AXES = ("sequence_parallel", "offload", "hsdp", "tp_comm_overlap", "cp_comm", "etp", "ep_comm_overlap")
 AXES = AUTO_AXES + LISTED_AXES
 TRAINING_SEARCH_KEYS = GOAL_KEYS + AXES  # every [search] key of goal = "training" (docs/configuration.md)
 # what the planner decides itself (MILPs) or derives
@@ -67,12 +67,14 @@ class Candidate(NamedTuple):
     tp_comm_overlap: bool
     cp_comm: str
     etp: int = 0
+    ep_comm_overlap: bool = False
     layers_per_stage: tuple[int, ...] = ()
     recompute_layers: tuple[int, ...] = ()
 
 
 PLAN_FIELDS = ("tp", "pp", "cp", "ep", "zero", "schedule", "virtual_stages", "recompute", "sequence_parallel",
-               "offload", "hsdp", "tp_comm_overlap", "cp_comm", "etp", "layers_per_stage", "recompute_layers")
+               "offload", "hsdp", "tp_comm_overlap", "cp_comm", "etp", "ep_comm_overlap", "layers_per_stage",
+               "recompute_layers")
 _PLAN_START = Candidate._fields.index(PLAN_FIELDS[0])  # the plan fields close a candidate, in this order
 assert Candidate._fields[_PLAN_START:] == PLAN_FIELDS
 
@@ -160,7 +162,7 @@ def parse_space(config: Mapping[str, Any]) -> TrainingSpace:
         if not isinstance(training.get("global_batch"), int):
             raise ConfigError("[training] needs 'global_batch' (or give [search] global_batch)")
         global_batches = (training["global_batch"],)
-    axes = {key: _list(search, key, bool if key in ("sequence_parallel", "hsdp", "tp_comm_overlap")
+    axes = {key: _list(search, key, bool if key in ("sequence_parallel", "hsdp", "tp_comm_overlap", "ep_comm_overlap")
                        else str if key in ("schedule", "recompute", "offload", "cp_comm") else int)
             for key in AXES}
     contexts = _contexts(config, search, objective, budget)
@@ -253,6 +255,7 @@ def default_axes(space: TrainingSpace, base: TrainingSetup) -> dict[str, tuple[A
         "tp_comm_overlap": (plan.tp_comm_overlap,),
         "cp_comm": (plan.cp_comm,),
         "etp": (plan.etp,),
+        "ep_comm_overlap": (plan.ep_comm_overlap,),
     }
     return {key: axes[key] if axes[key] is not None else auto[key] for key in AXES}
 
@@ -314,15 +317,16 @@ def enumerate_candidates(space: TrainingSpace, bases: Sequence[TrainingSetup]) -
                             rule = ""
                         mbs = micro_batch_values(gb, max(1, n // (tp * pp * cp)), space.micro_batches)
                         rest = (values["ep"], values["zero"], schedules, mbs, values["recompute"], sps, values["offload"],
-                                values["hsdp"], values["tp_comm_overlap"], values["cp_comm"], values["etp"])
+                                values["hsdp"], values["tp_comm_overlap"], values["cp_comm"], values["etp"],
+                                values["ep_comm_overlap"])
                         if rule:
                             pruned[rule] = pruned.get(rule, 0) + math.prod(map(len, rest))
                             continue
                         combinations = itertools.product(*rest)
-                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm, etp in combinations:
+                        for ep, zero, (schedule, v), mb, recompute, sp, offload, hsdp, overlap, cp_comm, etp, ep_overlap in combinations:
                             out.append(Candidate(
                                 index, gb, mb, tp, pp, cp, ep, zero, schedule, v, recompute, sp, offload, hsdp,
-                                overlap, cp_comm, etp,
+                                overlap, cp_comm, etp, ep_overlap,
                             ))
     return out, pruned
 
@@ -421,5 +425,7 @@ def candidate_config(context: Context, candidate: Candidate) -> dict[str, Any]:
     chosen["recompute_layers"] = list(candidate.recompute_layers) if candidate.recompute_layers else 0
     if not candidate.etp:  # the experts split like the attention: nothing to write
         del chosen["etp"]
+    if not candidate.ep_comm_overlap:
+        del chosen["ep_comm_overlap"]
     config["parallel"] = dict(parallel, dp=dp, **chosen)
     return config

@@ -281,3 +281,30 @@ def test_search_tries_experts_folded_over_the_tp_ranks(tmp_path) -> None:
         best = tomllib.load(f)
     fresh = simulate_training(best, RunOptions(fidelity="analytic")).metrics()
     assert fresh["tokens_per_s"] == data["best"]["analytic_tokens_per_s"]
+
+
+def test_search_tries_the_combined_1f1b_where_megatron_runs_it(tmp_path) -> None:
+    # Qwen3 30B-A3B on 16 H100, EP 8 over the dp ranks: listed, ep_comm_overlap doubles the MoE plans;
+    # at pp 2 only the interleaved ones can take it (Megatron-Core's rule), and hiding the all-to-alls
+    # behind the other micro-batch's compute makes the best plan one that does
+    config = {
+        "model": {"name": "qwen3-30b-a3b"},
+        "cluster": {"gpu": "h100-sxm-80gb", "num_gpus": 16},
+        "training": {"seq_len": 4096, "global_batch": 256, "precision": "bf16"},
+        "search": {"goal": "training", "top_k": 2, "tp": [1], "pp": [2], "cp": [1], "ep": [8], "zero": [1],
+                   "schedule": ["1f1b", "interleaved"], "virtual_stages": [1, 2], "recompute": ["none"],
+                   "micro_batch": [1], "ep_comm_overlap": [False, True]},
+    }
+    code, out, _ = _cli(["search", str(_write(tmp_path, config)), "--format", "json", "--workers", "1",
+                         "--out", str(tmp_path / "out")])
+    assert code == 0
+    with (tmp_path / "out" / "candidates.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    screened = {(r["schedule"], r["ep_comm_overlap"]) for r in rows if r["status"] == "screened"}
+    assert ("interleaved", "True") in screened and ("interleaved", "False") in screened
+    assert ("1f1b", "True") not in screened
+    assert any("ep_comm_overlap" in r["rule"] for r in rows if r["status"] == "pruned")
+    best = json.loads(out)["best"]["parallel"]
+    assert best["ep_comm_overlap"] is True and best["schedule"] == "interleaved"
+    with (tmp_path / "out" / "best.toml").open("rb") as f:
+        assert tomllib.load(f)["parallel"]["ep_comm_overlap"] is True
