@@ -368,6 +368,12 @@ def token_dispatch_time_s(token_bytes: float, links: GroupLinks, *, experts: int
     intra_bytes, inter_bytes = token_dispatch_traffic_bytes(token_bytes, links, experts=experts, top_k=top_k)
     if intra_bytes <= 0 and inter_bytes <= 0:
         return 0.0
+    if inter_bytes <= 0:
+        # inside one node: the measured all-to-all of the same NVLink bytes where the profile has one
+        # (an all-to-all of M bytes per rank sends M (n - 1) / n of them), as an all-to-all is priced
+        measured = calibrated_collective_s(Collective.ALL_TO_ALL, intra_bytes * links.size / (links.size - 1), links)
+        if measured is not None:
+            return measured + links.launch_overhead_s
     return _pairwise_exchange_time_s(intra_bytes, inter_bytes, links)
 
 

@@ -58,3 +58,22 @@ def test_never_slower_than_the_all_to_all_of_the_copies(size: int, per_node: int
 def test_uneven_experts_are_refused() -> None:
     with pytest.raises(ValueError, match="experts must divide evenly"):
         token_dispatch_traffic_bytes(MB, _links(16, 8), experts=100, top_k=8)
+
+
+class _MeasuredAllToAll:
+    """A calibration profile holding one all-to-all curve: 1 ms per MB of per-rank send buffer."""
+
+    def collective_s(self, kind: str, ranks: int, message_bytes: float) -> float | None:
+        return message_bytes / MB * 1e-3 if kind == "all_to_all" else None
+
+
+def test_inside_one_node_a_measured_all_to_all_prices_the_same_nvlink_bytes() -> None:
+    # as an all-to-all is priced there: M bytes per rank send M (n - 1) / n, so the flex dispatch's
+    # NVLink bytes are those of an all-to-all of intra x n / (n - 1)
+    links = replace(_links(8, 8), calibration=_MeasuredAllToAll())
+    intra, _ = token_dispatch_traffic_bytes(10 * MB, links, experts=128, top_k=8)
+    expected = intra * 8 / 7 / MB * 1e-3 + links.launch_overhead_s
+    assert token_dispatch_time_s(10 * MB, links, experts=128, top_k=8) == pytest.approx(expected, rel=1e-12)
+    # one expert per rank and top 1: exactly the all-to-all of the token copies
+    assert token_dispatch_time_s(10 * MB, links, experts=8, top_k=1) == pytest.approx(
+        collective_time_s(Collective.ALL_TO_ALL, 10 * MB, links), rel=1e-12)
