@@ -178,11 +178,7 @@ def _chunk_expert_parameters(setup: TrainingSetup, chunk: ChunkSignature) -> flo
     dense, count = chunk[0], chunk[1]
     if not setup.model.is_moe or count <= dense:
         return 0.0
-    per_layer = _layer_parameter_split(setup, True)[1]
-    expert = 0.0
-    for _ in range(count - dense):
-        expert += per_layer
-    return expert
+    return (count - dense) * _layer_parameter_split(setup, True)[1]
 
 
 def signature_expert_parameters(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> float:
@@ -194,10 +190,7 @@ def signature_expert_parameters(setup: TrainingSetup, signature: tuple[ChunkSign
     ``parallel_state.get_data_modulo_expert_parallel_group()``, core_r0.8.0). 0 for a dense model;
     the rest of ``signature_parameters`` (attention, norms, router, shared experts, dense layers,
     embedding and LM head) is the dense part, data-parallel over "dp"."""
-    expert = 0.0
-    for chunk in signature:
-        expert += _chunk_expert_parameters(setup, chunk)
-    return expert
+    return sum(_chunk_expert_parameters(setup, chunk) for chunk in signature)
 
 
 def signature_parameter_split(setup: TrainingSetup, signature: tuple[ChunkSignature, ...]) -> tuple[float, float]:
