@@ -36,7 +36,7 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 1.7B row (-19.7 %: the family's per-micro-batch compute is predicted fast; see
+    # the Megatron-Core H100 1.7B row (-18.9 %: the family's per-micro-batch compute is predicted fast; see
     # TRAINING_NOTES) sits at the limit
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
@@ -44,9 +44,10 @@ def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
-    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -4.8 % (2021-22 Megatron
-    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 2.5-19.7 %
-    # fast) and -3.5 % (2023-25 stacks). Bounds stop it from growing either way.
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -4.4 % (2021-22 Megatron
+    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 1.7-18.9 %
+    # fast) and -2.8 % (2023-25 stacks; -4.8 / -3.5 % before the H100's long-run clock, 1,630 not 1,660 MHz).
+    # Bounds stop it from growing either way.
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
     training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
@@ -116,13 +117,15 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # gathers in fp8 (fp8_all_gather) move the TP 2 20B from -6.3 to -6.9 %, the TP 4 175B rows without TP
     # overlap from +5.4 / +5.5 to +1.7 / +1.6 %
     assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.07
-    # (+1.7 / +1.6 -> +3.6 / +2.4 % with their 24 heads per GPU at batch 1 paying the attention grid occupancy)
-    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.037 and abs(errors["nemo-gpt3-175b-512"]) <= 0.025
+    # (+1.7 / +1.6 -> +3.6 / +2.4 % with their 24 heads per GPU at batch 1 paying the attention grid occupancy;
+    # +4.6 / +3.6 % at the H100's long-run clock, 1,630 of 1,830 MHz: catalog sustained_clock_source)
+    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.047 and abs(errors["nemo-gpt3-175b-512"]) <= 0.037
     # Megatron-Bridge on TE 2.x runs cuDNN fused attention on Hopper (attention_kernel cudnn): the two
     # NeMo 25.11 H100 rows within 0.1 % and 5.5 % at this fidelity (were +10.4 %, +11.5 % on the FA2 rate)
     # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward; the 8B's 32
-    # heads over TP 1 at batch 1 pay the attention grid occupancy: +0.6 %)
-    assert abs(errors["bridge-llama3-8b"]) <= 0.007 and abs(errors["bridge-llama3-70b"]) <= 0.058
+    # heads over TP 1 at batch 1 pay the attention grid occupancy: +0.6 %; +1.7 / +5.6 % at the H100's
+    # long-run clock)
+    assert abs(errors["bridge-llama3-8b"]) <= 0.018 and abs(errors["bridge-llama3-70b"]) <= 0.057
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
@@ -145,8 +148,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # the FA1-class kernel at FA1's hd128 fraction of FA2 (0.464, not one 0.53) brings the long-sequence
     # llm-foundry H100 row within 3 % (was -11.2 %); the H100's sustained clock (1,660 of 1,830 MHz) moved it
     # from -1.0 to +3.9 %, bound 3 -> 4 %; +4.0 % (bound 4.1 %) with its FA1-class kernel's 8 sequences x 32
-    # heads at 0.98 of the FlashAttention benchmarks' rate (attention grid occupancy)
-    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.041
+    # heads at 0.98 of the FlashAttention benchmarks' rate (attention grid occupancy); +5.0 % (bound 5.1 %) at
+    # the H100's long-run clock (1,630 MHz)
+    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.051
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
     # per-block FSDP units (its whole-model first gather is no longer exposed); -12.9 % with torch's own
