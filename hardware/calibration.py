@@ -16,12 +16,17 @@ curves for collectives and memory-bound kernels:
   kernel (TensorRT-LLM's AllReduce plugin, vLLM's and SGLang's custom all-reduce), which serving
   stacks run for tensor-parallel all-reduces instead of NCCL (``for_tp_all_reduce``);
 - ``launch_overhead_us``: measured per-kernel launch cost;
-- ``gemm_clock``: the SM clock the GEMM tables ran at, ``"sustained"`` (default) or ``"boost"``.
-  GEMM ratios are relative to the analytic model at that clock (``hardware.cost.sustained_clock_factor``
-  is 1 at ``"boost"``). Predictions always price the analytic model at the GPU's sustained clock and
-  divide by the ratio, so a table timed in short bursts at the boost clock (``"boost"``) is slowed by
-  sustained / boost clock on its compute-bound shapes, and one timed under sustained load
-  (``"sustained"``) is reproduced.
+- ``gemm_clock``: the SM clock the GEMM and attention tables ran at, ``"sustained"`` (default) or
+  ``"boost"`` (a collector times both alike: aiconfigurator's ``benchmark_with_power`` runs a few
+  replays of each shape between idle set-up). GEMM ratios are relative to the analytic model at that
+  clock (``hardware.cost.sustained_clock_factor`` is 1 at ``"boost"``). Predictions always price the
+  analytic model at the GPU's sustained clock and divide by the ratio, so a table timed in short
+  bursts at the boost clock (``"boost"``) is slowed by sustained / boost clock on its compute-bound
+  shapes, and one timed under sustained load (``"sustained"``) is reproduced. Attention ratios are
+  relative to the analytic attention model, which has no clock of its own (its rate is fitted to
+  FlashAttention's benchmarks, back-to-back calls of several ms for about a second per shape); a
+  ``"boost"`` profile's measured attention is priced at sustained / boost of its compute rate
+  (``hardware.cost.attention_time_from_totals_s``).
 
 Surfaces interpolate multilinearly inside their coverage box (the grid's bounds; the same values as
 scipy's ``RegularGridInterpolator``, computed per point without arrays); outside it, and for ops a profile does not cover, the analytic default
@@ -170,7 +175,7 @@ class CalibrationProfile:
     collectives: Mapping[tuple[str, int], Curve] = field(default_factory=dict)
     custom_all_reduce: Mapping[tuple[str, int], Curve] = field(default_factory=dict)  # (framework, ranks)
     launch_overhead_s: float | None = None
-    gemm_clock: str = "sustained"  # SM clock the GEMM tables ran at (GEMM_CLOCKS): the analytic reference of the GEMM ratios
+    gemm_clock: str = "sustained"  # SM clock the GEMM and attention tables ran at (GEMM_CLOCKS; see the module doc)
     path: str = ""
     _views: dict = field(default_factory=dict, repr=False)
 
@@ -432,6 +437,10 @@ class ShippedProfile:
     @property
     def launch_overhead_s(self) -> float | None:
         return self.profile.launch_overhead_s
+
+    @property
+    def gemm_clock(self) -> str:
+        return self.profile.gemm_clock
 
     def source_for(self, gpu_name: str) -> str:
         return self.profile.source_for(gpu_name)

@@ -453,7 +453,8 @@ def attention_time_from_totals_s(
     are exact in floating point (every term is a multiple of 1/2 below 2^52), so the result is
     bit-identical to ``attention_time_s`` on the same batch. With ``num_sequences`` given and a
     calibration profile covering the batch (causal forward prefill or decode), a "flash" kernel's
-    seconds are divided by the profile's measured / analytic efficiency ratio."""
+    seconds are divided by the profile's measured / analytic efficiency ratio, its compute priced at the
+    sustained clock where the profile's tables ran at the boost clock (``gemm_clock``)."""
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
     if head_dim < 1:
@@ -487,15 +488,19 @@ def attention_time_from_totals_s(
     bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
         bytes_moved *= 2.0
-    kernel_s = max(compute_s, hbm_time_s(gpu, bytes_moved))
     calibration = gpu.calibration
+    ratio = None
+    if calibration is not None and num_sequences is not None and kernel == "flash":
+        ratio = calibration.attention_ratio(
+            precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens,
+            heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
+        )
+        if ratio is not None and calibration.gemm_clock == "boost":
+            # a measured kernel timed in short bursts at the boost clock runs its compute at the
+            # sustained clock under load, as the profile's GEMMs do (hardware.calibration gemm_clock)
+            compute_s /= sustained_clock_factor(gpu)
+    kernel_s = max(compute_s, hbm_time_s(gpu, bytes_moved))
     if calibration is not None and num_sequences is not None:
-        ratio = None
-        if kernel == "flash":
-            ratio = calibration.attention_ratio(
-                precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens,
-                heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
-            )
         if ratio is None and causal and key_tokens == query_tokens and head_dim == v_dim:
             # a kernel the profile did not time (a backward, another library's kernel) at a
             # prefill shape: its grid of sequences x heads x query blocks fills the GPU as the
