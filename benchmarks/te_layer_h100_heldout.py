@@ -27,8 +27,9 @@ clock factor, ``hardware.cost.sustained_clock_factor``).
     PYTHONPATH=. python benchmarks/te_layer_h100_heldout.py
 
 On main (2026-12-06), with attention kernels at the grid occupancy of their sequences x heads
-(``hardware.calibration.attention_grid_occupancy``): SP forward 2.21 ms at the sustained clock, 2.09
-ms with boost-clock GEMMs, against 2.26 ms (min) / 2.5 ms; backward (B + W) 4.15 / 3.91 ms against
+(``hardware.calibration.attention_grid_occupancy``): SP forward 2.24 ms at the sustained clock (2.21 at
+1,660 MHz before the long-run 1,630), 2.09 ms with boost-clock GEMMs, against 2.26 ms (min) / 2.5 ms;
+backward (B + W) 4.20 / 3.90 ms (4.15 at 1,660 MHz) against
 4.31 ms (min) / 4.58 ms; TP (all-reduces) forward 2.08 and backward 3.72 ms at boost against 2.39 and
 4.26 ms. At the clock the benchmark ran, the model prices the layer 7-13 % fast against the minima
 (8-14 % before the occupancy): the per-layer optimism the Megatron-Core H100 rows show (README, Known
