@@ -15,11 +15,11 @@ otherwise).
 
     PYTHONPATH=. python benchmarks/megatron_strong_scaling.py
 
-On merged main (2026-12, the H100's long-run clock, 1,630 MHz): at 96 GPUs, where the bubble is small
-whatever the schedule, the model reads 54.6-54.9 % against the published 47 % (55.5-55.8 % at 1,660 MHz):
-the family's per-micro-batch compute is predicted about 16 % fast, as the suite's Megatron-Core rows are
-(-1.7..-18.9 %, mean -9.7 %). At 4,608 GPUs it reads 33.1 / 39.9 / 44.5 / 47.7 % at 1 / 2 / 4 / 16 virtual
-stages against 42 %: under 1F1B the bubble alone
+On merged main (2026-12, the H100's long-run clock, 1,630 MHz, for its GEMMs and attention kernels): at
+96 GPUs, where the bubble is small whatever the schedule, the model reads 54.3-54.6 % against the published
+47 % (55.5-55.8 % at 1,660 MHz with attention at the boost clock): the family's per-micro-batch compute is
+predicted about 16 % fast, as the suite's Megatron-Core rows are (-1.1..-17.5 %, mean -9.0 %). At 4,608 GPUs
+it reads 32.9 / 39.7 / 44.2 / 47.4 % at 1 / 2 / 4 / 16 virtual stages against 42 %: under 1F1B the bubble alone
 would cap a run as fast as this model near 34 %, so the published runs were interleaved, which is
 why the suite's pipelined rows run one layer per virtual stage (at 1F1B they had read 3-14 % slow,
 the bubble hiding the fast compute).

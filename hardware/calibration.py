@@ -18,15 +18,11 @@ curves for collectives and memory-bound kernels:
 - ``launch_overhead_us``: measured per-kernel launch cost;
 - ``gemm_clock``: the SM clock the GEMM and attention tables ran at, ``"sustained"`` (default) or
   ``"boost"`` (a collector times both alike: aiconfigurator's ``benchmark_with_power`` runs a few
-  replays of each shape between idle set-up). GEMM ratios are relative to the analytic model at that
-  clock (``hardware.cost.sustained_clock_factor`` is 1 at ``"boost"``). Predictions always price the
-  analytic model at the GPU's sustained clock and divide by the ratio, so a table timed in short
-  bursts at the boost clock (``"boost"``) is slowed by sustained / boost clock on its compute-bound
-  shapes, and one timed under sustained load (``"sustained"``) is reproduced. Attention ratios are
-  relative to the analytic attention model, which has no clock of its own (its rate is fitted to
-  FlashAttention's benchmarks, back-to-back calls of several ms for about a second per shape); a
-  ``"boost"`` profile's measured attention is priced at sustained / boost of its compute rate
-  (``hardware.cost.attention_time_from_totals_s``).
+  replays of each shape between idle set-up). GEMM and attention ratios are relative to the analytic
+  model at that clock (``hardware.cost.sustained_clock_factor`` is 1 at ``"boost"``). Predictions always
+  price the analytic model at the GPU's sustained clock and divide by the ratio, so a table timed in
+  short bursts at the boost clock (``"boost"``) is slowed by sustained / boost clock on its
+  compute-bound shapes, and one timed under sustained load (``"sustained"``) is reproduced.
 
 Surfaces interpolate multilinearly inside their coverage box (the grid's bounds; the same values as
 scipy's ``RegularGridInterpolator``, computed per point without arrays); outside it, and for ops a profile does not cover, the analytic default

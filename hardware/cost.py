@@ -188,11 +188,14 @@ def sustained_clock_factor(gpu: GpuSpec) -> float:
     table of aiconfigurator-core 0.12.0 (sglang 0.5.10, back-to-back CUDA-graph replays) shows it: its
     m = 2,048..32,768, n, k = 4,096..16,384 bf16 rows plateau at 0.79-0.81 of the 312 TFLOP/s peak
     whatever their length (1 to 16 ms), where the MAMF is 0.869; 0.869 x 1,305 / 1,410 = 0.804.
-    The HBM clock is not the SM clock and is not lowered, so only the compute side is scaled; fused
-    attention's efficiency was fitted to benchmarks of back-to-back kernel calls (already at the
-    sustained clock) and is not scaled. A calibration profile's GEMM ratios are fitted against the
-    analytic model including this factor (``validation/calibration/fit.py``), so a measured table
-    that already ran at the sustained clock is reproduced, not slowed twice."""
+    The HBM clock is not the SM clock and is not lowered, so only the compute side is scaled. Fused
+    attention's efficiency is fitted to the FlashAttention benchmarks, whose calls (about 0.3 ms at
+    their short sequences, a few ms at 16k) run at the boost clock the MAMF's matmuls do; the model
+    reproduces NVIDIA/Fuser's single-round nsys timing of FlashAttention-2's backward on an H100 within
+    2 % at that clock (``tests/hardware/test_attention_grid_occupancy.py``), so attention's compute is
+    scaled alike. A calibration profile's GEMM and attention ratios are fitted against the analytic
+    model at the clock its tables ran at (``validation/calibration/fit.py``, ``gemm_clock``), so a
+    measured table that already ran at the sustained clock is reproduced, not slowed twice."""
     if gpu.sustained_clock_Hz is None:
         return 1.0
     return min(1.0, gpu.sustained_clock_Hz / gpu.boost_clock_Hz)
@@ -376,9 +379,11 @@ def attention_time_s(
       query block's diagonal tile is masked but computed) + q x s0 (per-query fixed cost: loading Q,
       writing O, the final rescale; the matmul work per key scales with head_dim, this does not, so it
       is counted in keys: s0 = 130 fwd, 225 bwd),
-    at rate peak x efficiency.attention x hd/(hd + 20) x (1.088 fwd | 0.969 bwd). efficiency.attention is
-    the GPU's FA2 fwd+bwd asymptote at large head dim; the factors split it into forward and backward
-    rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the forward FLOPs.
+    at rate peak x efficiency.attention x hd/(hd + 20) x (1.088 fwd | 0.969 bwd) x the sustained clock
+    factor (``sustained_clock_factor``). efficiency.attention is the GPU's FA2 fwd+bwd asymptote at
+    large head dim, from benchmarks of short calls at the boost clock; the factors split it into forward
+    and backward rates (bwd = 0.89 x fwd) so that fwd + bwd reproduces it. Backward does 2.5x the
+    forward FLOPs.
     Memory: Q, O read/written once; K, V read once per sequence (decode is KV-read bound); x2 backward.
     ``kernel_rate``: a further factor on the compute rate (e.g. dropout inside the kernel);
     ``kernel``: the kernel family (ATTENTION_KERNELS; "flash1" runs at ``attention_fa1_rate`` of FA2,
@@ -453,8 +458,8 @@ def attention_time_from_totals_s(
     are exact in floating point (every term is a multiple of 1/2 below 2^52), so the result is
     bit-identical to ``attention_time_s`` on the same batch. With ``num_sequences`` given and a
     calibration profile covering the batch (causal forward prefill or decode), a "flash" kernel's
-    seconds are divided by the profile's measured / analytic efficiency ratio, its compute priced at the
-    sustained clock where the profile's tables ran at the boost clock (``gemm_clock``)."""
+    seconds are divided by the profile's measured / analytic efficiency ratio (fitted at the clock the
+    profile's tables ran at, ``gemm_clock``, as its GEMM ratios are)."""
     if heads < 1 or kv_heads < 1 or heads % kv_heads != 0:
         raise ValueError(f"heads = {heads}, kv_heads = {kv_heads}: need kv_heads >= 1 dividing heads")
     if head_dim < 1:
@@ -479,7 +484,9 @@ def attention_time_from_totals_s(
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"kernel = {kernel!r} must be one of {', '.join(ATTENTION_KERNELS)}")
     rate = attention_asymptote_flops_per_s(gpu, head_dim=head_dim, precision=precision, v_head_dim=v_dim) * rate_factor
-    rate *= kernel_rate
+    # efficiency.attention is the FlashAttention benchmarks' rate, short calls at the boost clock as the
+    # MAMF's matmuls are: under sustained work the kernel runs at the sustained clock, as a GEMM does
+    rate *= kernel_rate * sustained_clock_factor(gpu)
     if kernel == "flash1":
         rate *= attention_fa1_rate((head_dim + v_dim) / 2.0)
     elif kernel == "cudnn":
@@ -488,19 +495,15 @@ def attention_time_from_totals_s(
     bytes_moved = (query_tokens * heads * (head_dim + v_dim) + key_tokens * kv_heads * (head_dim + v_dim)) * bytes_per_element
     if backward:
         bytes_moved *= 2.0
-    calibration = gpu.calibration
-    ratio = None
-    if calibration is not None and num_sequences is not None and kernel == "flash":
-        ratio = calibration.attention_ratio(
-            precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens,
-            heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
-        )
-        if ratio is not None and calibration.gemm_clock == "boost":
-            # a measured kernel timed in short bursts at the boost clock runs its compute at the
-            # sustained clock under load, as the profile's GEMMs do (hardware.calibration gemm_clock)
-            compute_s /= sustained_clock_factor(gpu)
     kernel_s = max(compute_s, hbm_time_s(gpu, bytes_moved))
+    calibration = gpu.calibration
     if calibration is not None and num_sequences is not None:
+        ratio = None
+        if kernel == "flash":
+            ratio = calibration.attention_ratio(
+                precision=precision, num_sequences=num_sequences, query_tokens=query_tokens, key_tokens=key_tokens,
+                heads=heads, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_dim, causal=causal, backward=backward,
+            )
         if ratio is None and causal and key_tokens == query_tokens and head_dim == v_dim:
             # a kernel the profile did not time (a backward, another library's kernel) at a
             # prefill shape: its grid of sequences x heads x query blocks fills the GPU as the

@@ -319,7 +319,7 @@ HIDDEN_DROPOUT_SITES = ("residual_norm", "residual")
 # every fused kernel family (no Hopper FlashAttention-2 measurement with and without dropout is cited).
 # The materialised-scores path already counts its dropout bytes
 # (workloads.graph UNFUSED_SOFTMAX_BYTES_PER_SCORE).
-ATTENTION_DROPOUT_KERNEL_MS = 0.2177  # this model's cuDNN kernel price of TE#3312's shape on H200
+ATTENTION_DROPOUT_KERNEL_MS = 0.2177  # this model's cuDNN kernel price of TE#3312's shape on H200 at the boost clock
 ATTENTION_DROPOUT_EXTRA_MS = 0.614 - 0.594  # TE#3312, H200 sbhd, dropout 0.1 vs 0.0
 ATTENTION_DROPOUT_RATE = ATTENTION_DROPOUT_KERNEL_MS / (ATTENTION_DROPOUT_KERNEL_MS + ATTENTION_DROPOUT_EXTRA_MS)
 

@@ -5,6 +5,8 @@ dim heads) that the profile's measured prefill surface keeps at their sequences 
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import pytest
@@ -32,11 +34,14 @@ def test_flash_attention_2_backward_at_a_small_grid_matches_nvidia_fuser_nsys() 
     # NVIDIA/Fuser PR #4873 (2025-07-30), nsys of the GPT-3 175B layer's backward on 8 H100 80GB HBM3:
     # pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel 225.95 us for batch 1, sequence 2,048,
     # 96 / 8 = 12 heads of 128, causal (143 TFLOP/s: a 192-block grid of unequal causal work on 132 SMs)
+    # (one timed round, the GPU idle around it: at the boost clock, hardware.cost.sustained_clock_factor)
     measured_s = 225.953e-6
-    predicted_s = _attention_s(H100, 1, 2048, 12, kernel="flash2", backward=True)
-    assert predicted_s == pytest.approx(measured_s, rel=0.10)
+    predicted_s = _attention_s(dataclasses.replace(H100, sustained_clock_Hz=None), 1, 2048, 12, kernel="flash2",
+                               backward=True)
+    assert predicted_s == pytest.approx(measured_s, rel=0.02)
     # without the occupancy the full-grid rate read 131 us, 42 % fast
-    full_rate_s = _attention_s(analytic_gpu("h100-sxm-80gb"), 1, 2048, 12, kernel="flash2", backward=True)
+    full_rate_s = _attention_s(dataclasses.replace(analytic_gpu("h100-sxm-80gb"), sustained_clock_Hz=None), 1, 2048,
+                               12, kernel="flash2", backward=True)
     assert full_rate_s < 0.65 * measured_s
 
 
@@ -50,16 +55,13 @@ def test_occupancy_rises_with_heads_to_one_at_the_benchmarks_grid() -> None:
 
 
 def test_measured_flash_forward_keeps_its_own_ratio() -> None:
-    # the profile timed this kernel: its measured ratio applies, not the occupancy on top of it; the
-    # profile's tables ran at the boost clock (gemm_clock), so its compute runs at sustained / boost of it
+    # the profile timed this kernel: its measured ratio applies, not the occupancy on top of it
     profile = H100.calibration
-    assert profile.gemm_clock == "boost"
     ratio = profile.attention_ratio(precision="bf16", num_sequences=1, query_tokens=2048, key_tokens=2048, heads=12,
                                     kv_heads=12, head_dim=128, v_head_dim=128, causal=True, backward=False)
     analytic = _attention_s(analytic_gpu("h100-sxm-80gb"), 1, 2048, 12, kernel="flash")
     launch = cost.launch_overhead_s(H100)
-    clock = 1.0 / cost.sustained_clock_factor(H100)  # this shape is compute-bound
-    expected = (analytic - cost.launch_overhead_s(analytic_gpu("h100-sxm-80gb"))) * clock / ratio + launch
+    expected = (analytic - cost.launch_overhead_s(analytic_gpu("h100-sxm-80gb"))) / ratio + launch
     assert _attention_s(H100, 1, 2048, 12, kernel="flash") == pytest.approx(expected, rel=1e-12)
 
 

@@ -56,27 +56,3 @@ def test_decode_attention_never_reads_the_kv_cache_faster_than_hbm() -> None:
     kv_and_q_bytes = (batch * heads + batch * context * heads) * 2 * head_dim * 2.0
     assert seconds == kv_and_q_bytes / calibrated.hbm_bandwidth_Bps + cost.launch_overhead_s(calibrated)
 
-
-def test_a_boost_clock_attention_table_runs_its_compute_at_the_sustained_clock() -> None:
-    """A profile whose tables ran in short bursts at the boost clock (gemm_clock "boost", the shipped
-    Hopper profiles) prices its measured prefill attention's compute at sustained / boost of the rate
-    it measured, as it does its GEMMs; a memory-bound decode step, and a "sustained" table, as measured."""
-    from hardware.calibration import PREFILL_AXES
-
-    gpu = analytic_gpu("h100-sxm-80gb")
-    assert gpu.sustained_clock_Hz == 1630e6 and gpu.boost_clock_Hz == 1830e6
-    surfaces = {"attention_prefill": _flat(PREFILL_AXES, 0.0), "attention_decode": _flat(DECODE_AXES, 0.0)}
-    sustained = dataclasses.replace(gpu, calibration=CalibrationProfile(gpu=gpu.name, source="test", **surfaces))
-    boost = dataclasses.replace(
-        gpu, calibration=CalibrationProfile(gpu=gpu.name, source="test", gemm_clock="boost", **surfaces))
-    launch = cost.launch_overhead_s(gpu)
-
-    def kernel_s(spec, sequences) -> float:  # type: ignore[no-untyped-def]
-        return cost.attention_time_s(spec, sequences, heads=32, kv_heads=8, head_dim=128, precision="bf16",
-                                     bytes_per_element=2.0) - launch
-
-    prefill = [(4096, 4096)] * 4  # compute-bound
-    assert kernel_s(sustained, prefill) == kernel_s(analytic_gpu("h100-sxm-80gb"), prefill)  # ratio 1: the model
-    assert math.isclose(kernel_s(boost, prefill), kernel_s(sustained, prefill) * 1830 / 1630, rel_tol=1e-12)
-    decode = [(1, 8192)] * 64  # reads its KV cache: HBM-bound, no clock in it
-    assert kernel_s(boost, decode) == kernel_s(sustained, decode)

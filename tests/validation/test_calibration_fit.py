@@ -144,8 +144,8 @@ def test_cli_fit_and_validate(tmp_path, capsys) -> None:
 
 
 def test_boost_clock_tables_are_priced_at_the_sustained_clock() -> None:
-    """A GEMM table timed in short bursts at the boost clock (gemm_clock = "boost": the aiconfigurator
-    collector's Hopper tables) is fitted against the analytic model at the boost clock; predictions at
+    """A GEMM or attention table timed in short bursts at the boost clock (gemm_clock = "boost": the
+    aiconfigurator collector's Hopper tables) is fitted against the analytic model at the boost clock; predictions at
     the H100's sustained clock (1,630 of 1,830 MHz) then run its compute-bound shapes 1,830 / 1,630
     times as long as measured and its HBM-bound shapes as measured. Fitted at "sustained" (the A100
     tables' semantics) the same table is reproduced."""
@@ -169,6 +169,16 @@ def test_boost_clock_tables_are_priced_at_the_sustained_clock() -> None:
     compute = kernel_s(at_boost, 4096, 4096, 4096) / kernel_s(at_sustained, 4096, 4096, 4096)
     assert compute == pytest.approx(1830 / 1630, rel=0.02)  # the grid node is the mean of its rows: 2 %
     assert kernel_s(at_boost, 1, 4096, 4096) == pytest.approx(kernel_s(at_sustained, 1, 4096, 4096), rel=1e-9)
+
+    # the attention tables, timed by the same collector, alike: a compute-bound prefill 1,830 / 1,630 as
+    # long, a decode step (it reads its KV cache) as measured
+    def attention_s(profile, sequences) -> float:  # type: ignore[no-untyped-def]
+        return cost.attention_time_s(with_profile(gpu, profile), sequences, heads=32, kv_heads=8, head_dim=128,
+                                     precision="bf16", bytes_per_element=2.0) - launch
+
+    prefill, decode = [(4096, 4096)] * 4, [(1, 4096)] * 64
+    assert attention_s(at_boost, prefill) / attention_s(at_sustained, prefill) == pytest.approx(1830 / 1630, rel=0.02)
+    assert attention_s(at_boost, decode) == pytest.approx(attention_s(at_sustained, decode), rel=0.02)
 
 
 def test_profile_rejects_an_unknown_gemm_clock() -> None:

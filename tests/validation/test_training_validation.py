@@ -36,7 +36,7 @@ def test_worst_row_thresholds_for_memory(report: SuiteReport, threshold) -> None
 
 
 def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
-    # the Megatron-Core H100 1.7B row (-18.9 %: the family's per-micro-batch compute is predicted fast; see
+    # the Megatron-Core H100 1.7B row (-17.5 %: the family's per-micro-batch compute is predicted fast; see
     # TRAINING_NOTES) sits at the limit
     threshold = THRESHOLDS[0]
     assert report.worst(threshold.metric) <= threshold.max_row_error, _table(report, threshold.metric)
@@ -44,15 +44,21 @@ def test_worst_row_threshold_for_iteration_time(report: SuiteReport) -> None:
 
 
 def test_signed_mean_error_of_iteration_time_stays_where_it_is() -> None:
-    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -4.4 % (2021-22 Megatron
-    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 1.7-18.9 %
-    # fast) and -2.8 % (2023-25 stacks; -4.8 / -3.5 % before the H100's long-run clock, 1,630 not 1,660 MHz).
+    # systematic optimism: issue 11 wants the signed mean within +-3 %; today -4.2 % (2021-22 Megatron
+    # and Megatron-Core H100 rows: the Megatron-Core rows, on the plans their evidence implies, are 1.1-17.5 %
+    # fast) and -1.3 % (2023-25 stacks; -4.8 / -3.5 % before the H100's long-run clock, 1,630 not 1,660 MHz,
+    # and attention at the sustained clock), -2.62 % over the 62 counted rows.
     # Bounds stop it from growing either way.
     from validation.training_suite import run_training_modern_suite, run_training_suite
 
-    training = run_training_suite(fidelity="des").signed_mean("iteration_time_s")
-    modern = run_training_modern_suite(fidelity="des").signed_mean("iteration_time_s")
-    assert -0.05 <= training <= 0.03 and -0.135 <= modern <= 0.03, (training, modern)
+    training_report, modern_report = run_training_suite(fidelity="des"), run_training_modern_suite(fidelity="des")
+    training = training_report.signed_mean("iteration_time_s")
+    modern = modern_report.signed_mean("iteration_time_s")
+    assert -0.045 <= training <= 0.03 and -0.03 <= modern <= 0.03, (training, modern)
+    # the issue's target over every counted training row: no systematic optimism beyond 3 %
+    errors = [c.error for report in (training_report, modern_report) for c in report.rows("iteration_time_s")]
+    assert len(errors) == 62
+    assert -0.03 <= sum(errors) / len(errors) <= 0.03, sum(errors) / len(errors)
 
 
 def test_analytic_fidelity_tracks_the_des() -> None:
@@ -96,7 +102,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.051 and MODERN_THRESHOLDS[0].max_row_error <= 0.146
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.043 and MODERN_THRESHOLDS[0].max_row_error <= 0.107
     # the torchtitan Llama 2 70B local-batch-1 row (+74.6 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
@@ -118,14 +124,15 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # overlap from +5.4 / +5.5 to +1.7 / +1.6 %
     assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.07
     # (+1.7 / +1.6 -> +3.6 / +2.4 % with their 24 heads per GPU at batch 1 paying the attention grid occupancy;
-    # +4.6 / +3.6 % at the H100's long-run clock, 1,630 of 1,830 MHz: catalog sustained_clock_source)
-    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.047 and abs(errors["nemo-gpt3-175b-512"]) <= 0.037
+    # +4.6 / +3.6 % at the H100's long-run clock, 1,630 of 1,830 MHz: catalog sustained_clock_source;
+    # +4.9 / +3.6 % with attention kernels at that clock too)
+    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.050 and abs(errors["nemo-gpt3-175b-512"]) <= 0.037
     # Megatron-Bridge on TE 2.x runs cuDNN fused attention on Hopper (attention_kernel cudnn): the two
     # NeMo 25.11 H100 rows within 0.1 % and 5.5 % at this fidelity (were +10.4 %, +11.5 % on the FA2 rate)
     # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward; the 8B's 32
     # heads over TP 1 at batch 1 pay the attention grid occupancy: +0.6 %; +1.7 / +5.6 % at the H100's
-    # long-run clock)
-    assert abs(errors["bridge-llama3-8b"]) <= 0.018 and abs(errors["bridge-llama3-70b"]) <= 0.057
+    # long-run clock; +4.6 / +7.0 % with attention kernels at that clock too)
+    assert abs(errors["bridge-llama3-8b"]) <= 0.047 and abs(errors["bridge-llama3-70b"]) <= 0.071
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
@@ -149,8 +156,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # llm-foundry H100 row within 3 % (was -11.2 %); the H100's sustained clock (1,660 of 1,830 MHz) moved it
     # from -1.0 to +3.9 %, bound 3 -> 4 %; +4.0 % (bound 4.1 %) with its FA1-class kernel's 8 sequences x 32
     # heads at 0.98 of the FlashAttention benchmarks' rate (attention grid occupancy); +5.0 % (bound 5.1 %) at
-    # the H100's long-run clock (1,630 MHz)
-    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.051
+    # the H100's long-run clock (1,630 MHz); +10.6 % (bound 10.7 %) with its attention, 8,192 tokens a
+    # sequence and most of its step, at that clock too (hardware.cost.sustained_clock_factor)
+    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.107
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
     # per-block FSDP units (its whole-model first gather is no longer exposed); -12.9 % with torch's own

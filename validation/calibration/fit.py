@@ -166,20 +166,19 @@ def fit_profile(
     """Fit every op kind present in ``frame`` (measurement rows of ``gpu``) into a profile
     (GEMM surfaces only for ``gemm_precisions`` when given).
 
-    ``gemm_clock``: the SM clock the GEMM rows ran at (``hardware.calibration.GEMM_CLOCKS``). Their
-    ratios are taken against the analytic model at that clock: at ``"sustained"`` with the GPU's
+    ``gemm_clock``: the SM clock the GEMM and attention rows ran at (``hardware.calibration.GEMM_CLOCKS``).
+    Their ratios are taken against the analytic model at that clock: at ``"sustained"`` with the GPU's
     sustained clock factor, at ``"boost"`` without it (rows timed in short bursts between idle gaps),
-    so that predictions, which price every GEMM at the sustained clock, slow a boost-clock table's
-    compute-bound shapes by sustained / boost and reproduce a sustained-clock table."""
+    so that predictions, which price every GEMM and attention kernel at the sustained clock, slow a
+    boost-clock table's compute-bound shapes by sustained / boost and reproduce a sustained-clock table."""
     if gemm_clock not in GEMM_CLOCKS:
         raise ValueError(f"gemm_clock = {gemm_clock!r} must be one of {', '.join(GEMM_CLOCKS)}")
     # every serving framework's own all-reduce is kept (a serving stack picks its framework's), not only
     # the named framework's
     custom_frame = frame[frame["op"] == "custom_all_reduce"]
     frame = select_stacks(frame[frame["op"] != "custom_all_reduce"], framework)
-    analytic = Predictor(with_profile(gpu, None))
-    gemm_gpu = gpu if gemm_clock == "sustained" else dataclasses.replace(gpu, sustained_clock_Hz=None)
-    gemm_analytic = Predictor(with_profile(gemm_gpu, None))
+    table_gpu = gpu if gemm_clock == "sustained" else dataclasses.replace(gpu, sustained_clock_Hz=None)
+    analytic = Predictor(with_profile(table_gpu, None))  # the analytic model at the tables' clock
     gemm: dict[str, Surface] = {}
     prefill = decode = memory = None
     collectives: dict[tuple[str, int], Curve] = {}
@@ -189,7 +188,7 @@ def fit_profile(
     for precision, part in rows.groupby("precision"):
         if gemm_precisions is not None and precision not in gemm_precisions:
             continue
-        predicted, _ = gemm_analytic.predict(part)
+        predicted, _ = analytic.predict(part)
         ok, y = _log_ratio(predicted, part["latency_s"].to_numpy())
         if ok.sum() == 0:
             continue
