@@ -434,10 +434,6 @@ class ShippedProfile:
     def launch_overhead_s(self) -> float | None:
         return self.profile.launch_overhead_s
 
-    @property
-    def gemm_clock(self) -> str:
-        return self.profile.gemm_clock
-
     def source_for(self, gpu_name: str) -> str:
         return self.profile.source_for(gpu_name)
 

@@ -55,4 +55,3 @@ def test_decode_attention_never_reads_the_kv_cache_faster_than_hbm() -> None:
     )
     kv_and_q_bytes = (batch * heads + batch * context * heads) * 2 * head_dim * 2.0
     assert seconds == kv_and_q_bytes / calibrated.hbm_bandwidth_Bps + cost.launch_overhead_s(calibrated)
-
