@@ -111,6 +111,7 @@ def _gpu(t: _Table) -> GpuSpec:
         gemm_memory=eff.take("gemm_memory", float, default=None),
         gemm_fp8=eff.take("gemm_fp8", float, default=None),
         gemm_fp8_fast_accumulation=eff.take("gemm_fp8_fast_accumulation", float, default=1.0),
+        memory_kernels=eff.take("memory_kernels", float, default=1.0),
     )
     eff.done()
     price = t.sub("price", optional=True)
@@ -153,6 +154,9 @@ def _gpu(t: _Table) -> GpuSpec:
                         spec.hbm_capacity_bytes, "hbm_capacity")
     _check_memory_total(spec.name, "runtime_memory", spec.runtime_memory_bytes, spec.runtime_memory_source,
                         spec.driver_memory_bytes, "the driver's total (reported_memory, else hbm_capacity)")
+    if not 0.0 < spec.efficiency.memory_kernels <= 1.0:
+        raise CatalogError(f"gpu {spec.name}: efficiency.memory_kernels = {spec.efficiency.memory_kernels:g} must be in (0, 1] "
+                           "(the memory-bound kernels' rate over the STREAM rate efficiency.memory)")
     if spec.sustained_clock_Hz is not None:
         if not 0.0 < spec.sustained_clock_Hz <= spec.boost_clock_Hz:
             raise CatalogError(

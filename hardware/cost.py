@@ -163,17 +163,21 @@ def calibrated_kernel_s(gpu: GpuSpec, kernel_s: float, ratio: float, bytes_moved
 
 
 def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
-    """A memory-bound kernel (elementwise, norm, copy) that reads plus writes ``bytes_moved`` of HBM.
+    """A framework's memory-bound kernel (elementwise, norm, copy) that reads plus writes
+    ``bytes_moved`` of HBM.
 
-    Small kernels are launch- and latency-bound (launch + fill); large ones approach STREAM bandwidth.
-    A calibration profile's measured efficiency at this size (``[memory]``) replaces fill + streaming.
+    Small kernels are launch- and latency-bound (launch + fill); large ones stream at the STREAM rate
+    times ``efficiency.memory_kernels``, the rate framework kernels measurably attain on this GPU
+    relative to STREAM. A calibration profile's measured efficiency at this size (``[memory]``, timed
+    on a streaming scale kernel) replaces fill + the STREAM rate.
     """
-    calibration = gpu.calibration
-    if calibration is not None and bytes_moved > 0:
-        efficiency = calibration.memory_efficiency(bytes_moved)
-        if efficiency is not None:
-            return bytes_moved / (gpu.hbm_bandwidth_Bps * efficiency) + launch_overhead_s(gpu)
-    return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
+    if bytes_moved <= 0:
+        return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
+    fill_s, efficiency = 0.0, None if gpu.calibration is None else gpu.calibration.memory_efficiency(bytes_moved)
+    if efficiency is None:
+        fill_s, efficiency = MEMORY_FILL_S, gpu.efficiency.memory
+    rate_Bps = gpu.hbm_bandwidth_Bps * efficiency * gpu.efficiency.memory_kernels
+    return fill_s + bytes_moved / rate_Bps + launch_overhead_s(gpu)
 
 
 def sustained_clock_factor(gpu: GpuSpec) -> float:

@@ -67,6 +67,12 @@ class EfficiencySpec:
     # sums stay in the tensor cores' accumulator) over the split-accumulator rate ``gemm_fp8``; 1 where
     # the tensor cores accumulate in fp32 anyway or no fp8 rate is measured.
     gemm_fp8_fast_accumulation: float = 1.0
+    # Rate of the memory-bound kernels a training or serving framework runs (norms, fused elementwise
+    # chains, row reductions, optimizer passes) over the STREAM rate ``memory``, per byte the model
+    # counts for them: 1 where no published timing of such kernels on this GPU exists. STREAM is the
+    # best case (one contiguous stream per operand, full occupancy); framework kernels reduce along
+    # rows, draw dropout's random numbers, read broadcast operands and run in several launches.
+    memory_kernels: float = 1.0
 
     def gemm_fraction(self, precision: str, *, split_accumulator: bool = False) -> float:
         """The best-case GEMM fraction of the dense peak at ``precision``; an fp8 GEMM runs at the
