@@ -187,8 +187,8 @@ def layer_forward_ops(
     def gemm(name: str, m: int, n: int, k: int, batch: int = 1) -> Op:
         return Op(name=name, kind="gemm", m=m, n=n, k=k, batch=batch, bytes_per_element=a, weight_bytes_per_element=w)
 
-    def mem(name: str, nbytes: float) -> Op:
-        return Op(name=name, kind="memory", bytes_moved=nbytes)
+    def mem(name: str, nbytes: float, backward_nbytes: float | None = None) -> Op:
+        return Op(name=name, kind="memory", bytes_moved=nbytes, backward_bytes_moved=backward_nbytes)
 
     def coll(name: str, collective: str, axis: str, nbytes: float) -> Op:
         return Op(name=name, kind="collective", collective=collective, axis=axis, message_bytes=nbytes)
@@ -273,7 +273,10 @@ def layer_forward_ops(
         ops.append(coll("cp_out_all_to_all", "all_to_all", axis, tokens * heads * v_dim * a))
     ops.append(gemm("out_proj", tokens, h, heads * v_dim))
     ops += leave_tp("attention")
-    ops.append(mem("residual_norm", 4 * norm_tokens * h * a))
+    # A residual add's backward sums the skip path's gradient with the branch's (read two, write one:
+    # 3 x a per element), whether or not its forward was fused; the fused add + norm adds the norm's
+    # backward (read the input and the gradient, write the input gradient, 4 x a with its partials)
+    ops.append(mem("residual_norm", 4 * norm_tokens * h * a, 7 * norm_tokens * h * a))
     ops += enter_tp("mlp")
     gate = 2 if model.gated_mlp else 1
     if moe:
@@ -284,7 +287,7 @@ def layer_forward_ops(
         ops.append(mem("mlp_activation", (gate + 1) * tokens * f * a))
         ops.append(gemm("mlp_down", tokens, h, f))
     ops += leave_tp("mlp")
-    ops.append(mem("residual", 3 * norm_tokens * h * a))
+    ops.append(mem("residual", 3 * norm_tokens * h * a, 3 * norm_tokens * h * a))
     return ops
 
 

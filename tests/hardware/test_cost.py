@@ -268,6 +268,49 @@ def test_small_copies_are_launch_bound() -> None:
         cost.memory_op_time_s(gpu, -1)
 
 
+# Published H100 SXM timings of the memory-bound kernels Megatron-Core runs: (what, bytes the model
+# counts for the kernel(s), measured seconds). Liger-Kernel's benchmark CSV (linkedin/Liger-Kernel
+# benchmark/data/all_benchmark_data.csv at ead96b61, megatron_cross_entropy, provider megatron-unfused,
+# S 2048 x B 4 tokens, V 131,072, TP 1, "NVIDIA H100 80GB HBM3"): forward 15.812 ms, forward + backward
+# 21.246 ms, at the 38 / 14 bytes per logit of workloads.graph.CROSS_ENTROPY_BYTES["unfused"];
+# NVIDIA/Fuser PR #4844's nsys of Transformer Engine's TransformerLayer forward (batch 1, sequence 2,048,
+# hidden 12,288: 25.2M elements): the torch.compile'd bias-dropout-add, 84.8 us (two 16-bit reads, a
+# 16-bit write and the one-byte mask), and its LayerNorm kernel, 46.4 us per instance (16-bit read and
+# write).
+CE_LOGITS = 2048 * 4 * 131072
+FUSER_ELEMENTS = 2048 * 12288
+H100_MEMORY_KERNEL_TIMINGS = [
+    ("megatron unfused cross-entropy forward", 38.0 * CE_LOGITS, 15.812e-3),
+    ("megatron unfused cross-entropy backward", 14.0 * CE_LOGITS, 21.246e-3 - 15.812e-3),
+    ("bias-dropout-add (torch.compile)", 7.0 * FUSER_ELEMENTS, 84.8e-6),
+    ("transformer engine layernorm forward", 4.0 * FUSER_ELEMENTS, 46.4e-6),
+]
+
+
+def test_h100_memory_kernel_rate_is_the_mean_of_its_published_timings() -> None:
+    """``efficiency.memory_kernels`` is not tuned: it is the mean, over the published timings, of the
+    STREAM price of each kernel's bytes over its measured time; each timing stays within the spread
+    the mean leaves (the loss's backward runs 13 % faster than priced, the bias-dropout-add 9 % slower)."""
+    gpu = get_gpu("h100-sxm-80gb")
+    stream_Bps = gpu.hbm_bandwidth_Bps * gpu.efficiency.memory
+    ratios = [bytes_moved / stream_Bps / measured_s for _, bytes_moved, measured_s in H100_MEMORY_KERNEL_TIMINGS]
+    assert sum(ratios) / len(ratios) == pytest.approx(gpu.efficiency.memory_kernels, abs=0.001)
+    for what, bytes_moved, measured_s in H100_MEMORY_KERNEL_TIMINGS:
+        assert cost.memory_op_time_s(gpu, bytes_moved) == pytest.approx(measured_s, rel=0.16), what
+
+
+def test_memory_kernels_scale_streaming_not_launch() -> None:
+    """Below STREAM by exactly the rate on large kernels; a launch-bound kernel costs what it did."""
+    h100 = get_gpu("h100-sxm-80gb")
+    stream = dataclasses.replace(h100, efficiency=dataclasses.replace(h100.efficiency, memory_kernels=1.0))
+    big = 4e9
+    fixed = cost.launch_overhead_s(h100) + cost.MEMORY_FILL_S
+    assert (cost.memory_op_time_s(h100, big) - fixed) == pytest.approx(
+        (cost.memory_op_time_s(stream, big) - fixed) / h100.efficiency.memory_kernels, rel=1e-12)
+    assert cost.memory_op_time_s(h100, 0) == cost.memory_op_time_s(stream, 0) == cost.launch_overhead_s(h100)
+    assert get_gpu("a100-sxm-80gb").efficiency.memory_kernels == 1.0  # no published timing: STREAM
+
+
 def test_fp8_gemm_runs_at_the_measured_fp8_fraction() -> None:
     # ml-engineering fp8 MAMF (torch._scaled_mm, default use_fast_accum=False: the split accumulator):
     # 1,402.6 of 1,979 TFLOP/s on H100 SXM at 1024x9216x14336 (the best shape), timed between idle gaps

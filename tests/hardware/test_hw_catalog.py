@@ -393,6 +393,8 @@ def test_pcie_switch_sharing_from_the_system_topologies() -> None:
         ("h100_sxm_80gb", "runtime_memory_GiB = 79.11", "runtime_memory_GiB = 79.9",
          r"runtime_memory = 81817.6 MiB must be at most the driver's total \(reported_memory, else hbm_capacity\) = 81559 MiB"),
         ("h100_sxm_80gb", 'runtime_memory_source = "', 'notes = "', "runtime_memory needs runtime_memory_source"),
+        ("h100_sxm_80gb", "memory_kernels = 0.807", "memory_kernels = 1.2",
+         r"efficiency.memory_kernels = 1.2 must be in \(0, 1\]"),
     ],
 )
 def test_loader_checks_the_sustained_clock_and_reported_memory(
