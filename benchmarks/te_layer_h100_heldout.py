@@ -27,11 +27,12 @@ times the sustained clock factor, ``hardware.cost.sustained_clock_factor``).
     PYTHONPATH=. python benchmarks/te_layer_h100_heldout.py
 
 On main (2026-12-06), with attention kernels at the grid occupancy of their sequences x heads
-(``hardware.calibration.attention_grid_occupancy``): SP forward 2.24 ms at the sustained clock (2.21 at
-1,660 MHz before the long-run 1,630, with attention at the boost clock), 2.09 ms with boost-clock GEMMs
-and attention, against 2.26 ms (min) / 2.5 ms; backward (B + W) 4.22 / 3.90 ms (4.15 at 1,660 MHz) against
-4.31 ms (min) / 4.58 ms; TP (all-reduces) forward 2.08 and backward 3.72 ms at boost against 2.39 and
-4.26 ms. At the clock the benchmark ran, the model prices the layer 7-13 % fast against the minima
+(``hardware.calibration.attention_grid_occupancy``) and memory-bound kernels at the H100's 0.807 of the
+STREAM rate (catalog ``efficiency.memory_kernels``, partly from this layer's own nsys): SP forward 2.25 ms at
+the sustained clock, 2.10 ms with boost-clock GEMMs and attention (2.09 at the STREAM rate), against
+2.26 ms (min) / 2.5 ms; backward (B + W) 4.24 / 3.92 ms (4.22 / 3.90) against 4.31 ms (min) / 4.58 ms; TP
+(all-reduces) forward 2.12 and backward 3.75 ms at boost (2.08 / 3.72) against 2.39 and 4.26 ms. At the
+clock the benchmark ran, the model prices the layer 7-12 % fast against the minima (7-13 % at the STREAM rate)
 (8-14 % before the occupancy): the per-layer optimism the Megatron-Core H100 rows show (README, Known
 misses) is already there in one layer with no pipeline, no data parallelism and no overlap. Its GEMMs
 are not where it lies (the model's boost-clock GEMMs, 1.20 ms forward, match the nsys 1.18 ms), nor
