@@ -25,16 +25,16 @@ from validation.published import Comparison, SuiteReport, Threshold, with_calibr
 from validation.training_suite import published_rows
 
 # 4.9 % / 11.6 % at the DES and the analytic fidelity (the notes give each pair; 3.8 % / 9.2 % before the H100's
-# memory-bound kernels ran at 0.807 of the STREAM rate, catalog efficiency.memory_kernels, a mean over eager
-# ATen kernels measured at 0.87-0.93 and compiled ones at 0.70-0.73, so torch.compile's swap of one for the
-# other reads high, and the fp8 runs' unchanged memory-bound time dilutes their speedup); peak memory 6.5 % / 15.6 %
+# memory-bound kernels ran at 0.807 of the STREAM rate, catalog efficiency.memory_kernels: one mean over kernels
+# measured at 0.70-0.93 of it, with which torch.compile's swap of eager chains for compiled kernels reads high,
+# and the fp8 runs' unchanged memory-bound time dilutes their speedup); peak memory 6.5 % / 15.6 %
 # (the torchtitan 8B FSDP runs within 3.8 %, the 70B FSDP 32 x TP 8 float8 runs -15.6 / -10.2 %)
 PAIR_THRESHOLDS = (Threshold(metric="speedup", max_mape=0.050, max_row_error=0.117),
                    Threshold(metric="peak_memory_bytes", max_mape=0.066, max_row_error=0.157))
 PAIR_NOTES = (
     "speedup = step of the base run / step of the changed run, both through `llmsim simulate`; the published "
     "ratio from the same table's two numbers. torch.compile on torchtitan (its eager RMSNorm, RoPE and SwiGLU "
-    "chains fused, workloads.eager): 1.200 / 1.202 against 1.157 / 1.162 (+3.7 / +3.4 %; +0.5 / +0.2 % with the H100's memory-bound kernels at the STREAM rate: the catalog's 0.807 is a mean over the eager ATen kernels measured at 0.87-0.93 of it and compiled ones at 0.70-0.73, so a swap of the one for the other reads high). fp8 (bf16 -> fp8 on "
+    "chains fused, workloads.eager): 1.200 / 1.202 against 1.157 / 1.162 (+3.7 / +3.4 %; +0.5 / +0.2 % with the H100's memory-bound kernels at the STREAM rate: the catalog's 0.807 is one mean over kernels measured at 0.70-0.93 of it, the H100's eager loss chain at 0.87-0.93, its compiled bias-dropout-add at 0.70). fp8 (bf16 -> fp8 on "
     "the same plan): Transformer Engine's 405B on 2,304 H100 1.510 against 1.534 (-1.6 %; its plan is assumed; -3.6 % "
     "with its sequence-parallel gathers in bf16), "
     "torchao float8 tensorwise on the torchtitan 70B TP 8 runs 1.329 / 1.277 against 1.356 / 1.445 (-2.0 / "

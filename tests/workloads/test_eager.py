@@ -121,9 +121,8 @@ def test_compile_speedup_of_torchtitan_llama3_8b_against_the_published_pair(num_
     # Llama 3.1 8B, FSDP on 8 and 128 H100 (96 GB HBM2e, 500 W), local batch 2, per-op SAC, tokens/s per
     # GPU eager and with torch.compile (1.157x, 1.162x). The catalog's 80 GB H100 SXM stands in (the
     # 500 W part has no catalog entry: its clock is not published); the pair's ratio is held to 4 %
-    # (predicted 1.200 and 1.202; 1.169 and 1.171 with memory-bound kernels at the STREAM rate, where the
-    # catalog's 0.807 of it is a mean over eager ATen kernels measured at 0.87-0.93 and compiled ones at
-    # 0.70-0.73).
+    # (predicted 1.200 and 1.202; 1.169 and 1.171 with memory-bound kernels at the STREAM rate: the
+    # catalog's 0.807 of it is one mean over kernels measured at 0.70-0.93 of it).
     def seconds(**training) -> float:  # type: ignore[no-untyped-def]
         return simulate(_titan(num_gpus, **training), RunOptions(fidelity="analytic")).metrics()["iteration_time_s"]
 
