@@ -11,10 +11,10 @@ a measurement of its own, so one short GPU session can size them.
    gradient (the unfused form), and, where this torch has ``torch.mm(..., out_dtype=)``, the GEMM
    writing fp32 itself. The model prices the fp32 C traffic inside the GEMM's roofline. Inputs are
    not rotated through L2: the ratios, not the absolute times, are what to read.
-3. The layer's memory-bound kernels, which the model prices at the GPU's STREAM rate
-   (``hardware.cost.memory_op_time_s``: BabelStream's 2.97 of 3.35 TB/s on H100) where the published
-   H100 measurements of norm backward kernels read 35-55 % of the datasheet bandwidth (Liger-Kernel's
-   benchmark CSV; torch's native LayerNorm): LayerNorm forward and forward + backward (torch's, and
+3. The layer's memory-bound kernels, which the model prices at one rate per GPU
+   (``hardware.cost.memory_op_time_s``: on the H100 0.807 of BabelStream's 2.97 of 3.35 TB/s, the mean
+   of four published timings of Megatron-Core's kernels, ``efficiency.memory_kernels``, spread 0.70-0.93):
+   LayerNorm forward and forward + backward (torch's, and
    Transformer Engine's where installed), Megatron's bias + GeLU (tanh form) forward and backward and
    its bias + dropout + add forward and backward (p = 0.1), each under torch.compile as Megatron-Core's
    jit_fuser runs them from torch 2.2 (eager on the CPU run). Each row carries the bytes the kernel

@@ -162,22 +162,27 @@ def calibrated_kernel_s(gpu: GpuSpec, kernel_s: float, ratio: float, bytes_moved
     return max(kernel_s / ratio, bytes_moved / gpu.hbm_bandwidth_Bps)
 
 
-def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
-    """A framework's memory-bound kernel (elementwise, norm, copy) that reads plus writes
-    ``bytes_moved`` of HBM.
+def stream_kernel_time_s(gpu: GpuSpec, bytes_moved: float, rate: float = 1.0) -> float:
+    """A streaming kernel (STREAM's scale or copy, what ``llmsim calibrate run`` times) that reads plus
+    writes ``bytes_moved`` of HBM, at ``rate`` times the STREAM rate.
 
     Small kernels are launch- and latency-bound (launch + fill); large ones stream at the STREAM rate
-    times ``efficiency.memory_kernels``, the rate framework kernels measurably attain on this GPU
-    relative to STREAM. A calibration profile's measured efficiency at this size (``[memory]``, timed
-    on a streaming scale kernel) replaces fill + the STREAM rate.
+    ``efficiency.memory``. A calibration profile's measured efficiency at this size (``[memory]``)
+    replaces fill + the STREAM rate.
     """
     if bytes_moved <= 0:
         return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
     fill_s, efficiency = 0.0, None if gpu.calibration is None else gpu.calibration.memory_efficiency(bytes_moved)
     if efficiency is None:
         fill_s, efficiency = MEMORY_FILL_S, gpu.efficiency.memory
-    rate_Bps = gpu.hbm_bandwidth_Bps * efficiency * gpu.efficiency.memory_kernels
-    return fill_s + bytes_moved / rate_Bps + launch_overhead_s(gpu)
+    return fill_s + bytes_moved / (gpu.hbm_bandwidth_Bps * efficiency * rate) + launch_overhead_s(gpu)
+
+
+def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:
+    """A framework's memory-bound kernel (elementwise, norm, copy, the loss, the optimizer) that reads
+    plus writes ``bytes_moved`` of HBM: a streaming kernel at ``efficiency.memory_kernels`` of the
+    STREAM rate, the rate such kernels measurably attain on this GPU."""
+    return stream_kernel_time_s(gpu, bytes_moved, gpu.efficiency.memory_kernels)
 
 
 def sustained_clock_factor(gpu: GpuSpec) -> float:

@@ -103,7 +103,7 @@ class Predictor:
         if op in ("memory", "device_copy"):
             moved = float(row.bytes)
             covered = calibration is not None and calibration.memory_efficiency(moved) is not None
-            return cost.memory_op_time_s(gpu, moved) - launch, source if covered else ROOFLINE
+            return cost.stream_kernel_time_s(gpu, moved) - launch, source if covered else ROOFLINE  # STREAM-like kernels
         if op in ("host_to_device", "device_to_host"):
             src, dst = ("cpu", "hbm") if op == "host_to_device" else ("hbm", "cpu")
             return transfer_time_s(float(row.bytes), src, dst, self._node, gpu), ROOFLINE
