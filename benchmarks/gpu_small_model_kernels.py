@@ -1,5 +1,5 @@
-"""GPU check for the Megatron-Core H100 1.7B / 7.1B rows, predicted 19.7 and 13.4 % faster than
-published (issue 11; the family's rows 2.5-19.7 %): times, at those rows' own per-GPU shapes, the kernel costs the model prices without
+"""GPU check for the Megatron-Core H100 1.7B / 7.1B rows, predicted 13.3 and 8.9 % faster than
+published (issue 11; the family's rows 0.3-13.3 %): times, at those rows' own per-GPU shapes, the kernel costs the model prices without
 a measurement of its own, so one short GPU session can size them.
 
 1. Attention dropout: causal attention forward and forward + backward with dropout 0.0 and 0.1 on
