@@ -170,12 +170,10 @@ def stream_kernel_time_s(gpu: GpuSpec, bytes_moved: float, rate: float = 1.0) ->
     ``efficiency.memory``. A calibration profile's measured efficiency at this size (``[memory]``)
     replaces fill + the STREAM rate.
     """
-    if bytes_moved <= 0:
-        return hbm_time_s(gpu, bytes_moved) + launch_overhead_s(gpu)
-    fill_s, efficiency = 0.0, None if gpu.calibration is None else gpu.calibration.memory_efficiency(bytes_moved)
-    if efficiency is None:
-        fill_s, efficiency = MEMORY_FILL_S, gpu.efficiency.memory
-    return fill_s + bytes_moved / (gpu.hbm_bandwidth_Bps * efficiency * rate) + launch_overhead_s(gpu)
+    measured = None if gpu.calibration is None or bytes_moved <= 0 else gpu.calibration.memory_efficiency(bytes_moved)
+    if measured is None:  # fill, then the bytes at rate x the STREAM rate
+        return hbm_time_s(gpu, bytes_moved / rate) + launch_overhead_s(gpu)
+    return bytes_moved / (gpu.hbm_bandwidth_Bps * measured * rate) + launch_overhead_s(gpu)
 
 
 def memory_op_time_s(gpu: GpuSpec, bytes_moved: float) -> float:

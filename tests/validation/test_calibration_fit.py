@@ -181,6 +181,20 @@ def test_boost_clock_tables_are_priced_at_the_sustained_clock() -> None:
     assert attention_s(at_boost, decode) == pytest.approx(attention_s(at_sustained, decode), rel=0.02)
 
 
+def test_calibrate_prices_its_own_memory_kernels_at_the_stream_rate() -> None:
+    """``llmsim calibrate run`` times streaming scale and copy kernels, so its predictions of them stay
+    at the STREAM rate on a GPU whose framework kernels run below it (the H100's memory_kernels)."""
+    from validation.calibration.predict import Predictor
+
+    gpu = with_profile(get_gpu("h100-sxm-80gb"), None)
+    assert gpu.efficiency.memory_kernels < 1.0
+    moved = 4e9
+    row = pd.DataFrame([{"op": "memory", "precision": "fp32", "bytes": moved}]).itertuples(index=False)
+    seconds, _ = Predictor(gpu).row_s(next(row))
+    assert seconds == pytest.approx(cost.stream_kernel_time_s(gpu, moved) - cost.launch_overhead_s(gpu))
+    assert seconds < cost.memory_op_time_s(gpu, moved) - cost.launch_overhead_s(gpu)
+
+
 def test_profile_rejects_an_unknown_gemm_clock() -> None:
     from hardware.calibration import CalibrationError
 
