@@ -49,7 +49,7 @@ SETTINGS: dict[str, dict[str, tuple[str, Any]]] = {
         "fp8_params": ("training", bool),
         "fp8_all_gather": ("training", bool),
         "fp8_bf16_edge_layers": ("training", float),
-        "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none")),
+        "fp8_cast_fusion": ("training", ("norm_activation", "norm", "none", "compiled")),
         "fp8_scale_update": ("training", ("per_module", "fused")),
         "cross_entropy": ("training", ("unfused", "native", "te", "torch", "torch_16bit", "xentropy")),
         "qkv_split": ("training", ("none", "concat", "concat_copy_v")),

@@ -181,7 +181,8 @@ class TrainingSetup:
     # "norm_activation" (TE LayerNormLinear and LayerNormMLP: the norm and the MLP activation write
     # fp8), "norm" (Megatron-Core's MLP: TELayerNormColumnParallelLinear fuses the norm's cast, the
     # activation is Megatron's own kernel and TERowParallelLinear casts its input), "none" (every
-    # cast a kernel of its own); see sim.training.costs.fp8_passes
+    # cast a kernel of its own), "compiled" (torchao float8 under torch.compile: the Inductor kernels
+    # producing the inputs take the amax, the casts stay kernels); see sim.training.costs.fp8_passes
     fp8_cast_fusion: str = "norm_activation"
     # sequence-parallel all-gathers of an fp8 run moving fp8 (torchao's float8 tensor parallelism);
     # see sim.training.costs.fp8_all_gather_ops
@@ -503,7 +504,7 @@ def parse_training(config: Mapping[str, Any], base_dir: Path | None = None) -> T
         tp_overlap_method=settings["tp_overlap_method"],
         linear_bias=settings["linear_bias"],
         fp8_recipe=settings["fp8_recipe"],
-        fp8_cast_fusion=settings["fp8_cast_fusion"],
+        fp8_cast_fusion=_fp8_cast_fusion(training, settings["fp8_cast_fusion"]),
         fp8_all_gather=settings["fp8_all_gather"],
         fp8_scale_update=settings["fp8_scale_update"],
         fp8_backward_accumulation=settings["fp8_backward_accumulation"],
@@ -527,6 +528,15 @@ def _elementwise(training: Mapping[str, Any], setting: str) -> str:
         raise ConfigError(f"[training] compile = true with elementwise = {training['elementwise']!r}; "
                           "torch.compile fuses the elementwise chains: leave elementwise out or set it to 'fused'")
     return "fused"
+
+
+def _fp8_cast_fusion(training: Mapping[str, Any], setting: str) -> str:
+    """The fp8_cast_fusion setting under ``[training] compile``: a stack that casts every fp8 GEMM input
+    in a kernel of its own ("none": torchao float8) has Inductor fuse each cast's amax into the
+    kernel producing its input ("compiled"), unless the config names fp8_cast_fusion itself."""
+    if setting == "none" and "fp8_cast_fusion" not in training and _bool(training, "compile", "training", False):
+        return "compiled"
+    return setting
 
 
 def _edge_layers(value: float, model: ModelSpec) -> int:

@@ -256,7 +256,7 @@ def layer_passes(
     if setup.linear_bias in ("unfused", "skip_bias_add"):
         w_ops = w_ops + unfused_bias_gradient_ops(setup, forward)
     if job.precision == "fp8":
-        forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops)
+        forward, b_ops, w_ops = fp8_passes(setup, forward, b_ops, w_ops, moe=moe)
     elif setup.job.precision == "fp8":  # a bf16 layer of an fp8 run: its GEMMs at the 16-bit peak
         forward, b_ops, w_ops = ([replace(op, precision="bf16") if op.kind == "gemm" else op for op in ops]
                                  for ops in (forward, b_ops, w_ops))
@@ -557,35 +557,62 @@ def unfused_bias_gradient_ops(setup: TrainingSetup, forward: list[Op]) -> list[O
     return ops
 
 
-# Ops whose output feeds a GEMM and into which Transformer Engine can fuse the fp8 cast of that output
-# under delayed scaling (the norm or activation kernel writes fp8, 1 byte, instead of 16 bits), by
-# ``fp8_cast_fusion``: "norm_activation", TE's LayerNormLinear and LayerNormMLP (the norm kernel
-# layernorm_fwd_fp8, the activation fp8_gelu; in backward fp8_cast_transpose_bgrad_dgelu_fused emits
-# the fp8 gradient of fc1; transformer_engine/pytorch/module/layernorm_mlp.py at 09ba8427); "norm",
-# Megatron-Core's MLP (megatron/core/transformer/mlp.py at core_r0.8.0: linear_fc1 is
-# TELayerNormColumnParallelLinear, the activation Megatron's jit-fused bias_gelu / bias_swiglu in 16
-# bits, linear_fc2 TERowParallelLinear, which casts its input with fp8_cast_transpose_fused, and fc1's
-# backward casts the activation's 16-bit gradient the same way); "none", every cast a kernel.
+# Ops whose output feeds a GEMM and into which the stack fuses the fp8 cast of that output, by
+# ``fp8_cast_fusion``: (producers of forward GEMM inputs, forward ops whose backward produces a GEMM's
+# output gradient). Under delayed scaling the producer writes fp8 (1 byte instead of 16 bits); under
+# current scaling it takes the amax while writing its 16-bit output (see below). "norm_activation",
+# TE's LayerNormLinear and LayerNormMLP (the norm kernel layernorm_fwd_fp8, the activation fp8_gelu; in
+# backward fp8_cast_transpose_bgrad_dgelu_fused emits the fp8 gradient of fc1;
+# transformer_engine/pytorch/module/layernorm_mlp.py at 09ba8427); "norm", Megatron-Core's MLP
+# (megatron/core/transformer/mlp.py at core_r0.8.0: linear_fc1 is TELayerNormColumnParallelLinear,
+# the activation Megatron's jit-fused bias_gelu / bias_swiglu in 16 bits, linear_fc2
+# TERowParallelLinear, which casts its input with fp8_cast_transpose_fused, and fc1's backward casts
+# the activation's 16-bit gradient the same way); "none", every cast a kernel; "compiled", torchao
+# float8 under torch.compile: Inductor fuses the amax reduction of a cast into the kernel it generates
+# for the producer when both are in the compiled graph (pytorch/pytorch#111122, test/inductor/
+# test_fp8.py test_layernorm_fp8_quant: a norm and the amax of its output in one kernel; torchao's own
+# roofline prices the amax of a linear's input and output gradient at no traffic when fused with the
+# previous op, torchao/testing/training/roofline_utils.py get_tensor_memory_traffic_ovhd_s
+# fuse_with_prev), and the cast, which needs the whole tensor's amax, stays a kernel of its own. The
+# producers are the Inductor kernels of a compiled TransformerBlock (torchtitan compiles each block):
+# the norms, the activation and the copy of the attention output to [b, s, h] forward; in backward
+# the activation's, RoPE's and the second norm's (with the residual gradient sum), not the block
+# output's gradient, which the next block's graph produces, nor the attention kernels'.
+_NORMS = ("input_norm", "residual_norm")
+_ACTIVATIONS = ("mlp_activation", "experts_activation", "shared_activation")
 FP8_FUSED_PRODUCERS = {
-    "norm_activation": ("input_norm", "residual_norm", "mlp_activation", "experts_activation", "shared_activation"),
-    "norm": ("input_norm", "residual_norm"),
-    "none": (),
+    "norm_activation": (_NORMS + _ACTIVATIONS, _ACTIVATIONS),
+    "norm": (_NORMS, ()),
+    "none": ((), ()),
+    "compiled": (_NORMS + _ACTIVATIONS + ("attention_output_copy",), _ACTIVATIONS + ("rope", "residual_norm")),
 }
 # GEMMs Transformer Engine / Megatron-Core keep in 16 bits during fp8 training: the MoE router
 # (a plain linear layer) and the materialised attention score / value products.
 FP8_BF16_GEMMS = ("router", "attention_scores", "attention_values")
 # Bytes per element of a separate cast-transpose kernel: read 16 bits, write fp8 and fp8^T; current
 # scaling adds an amax pass (read 16 bits) before the cast.
-FP8_CAST_TRANSPOSE_BYTES = 2.0 + 1.0 + 1.0
+FP8_CAST_BYTES = 2.0 + 1.0
+FP8_CAST_TRANSPOSE_BYTES = FP8_CAST_BYTES + 1.0
 FP8_AMAX_BYTES = 2.0
 # A producer that writes fp8 itself writes no transposed copy: the weight-gradient GEMM's operand
 # is made in backward by tex.fp8_transpose of the saved fp8 tensor (read 1, write 1 byte per element;
 # TE 1.x LayerNormLinear backward ln_out_total_t, LayerNormMLP backward gelu_out_t at 7d576ed25).
 FP8_TRANSPOSE_BYTES = 1.0 + 1.0
-# Current scaling (Transformer Engine 2.x Float8CurrentScalingQuantizer): a fusing norm computes the
-# amax while it writes its 16-bit output, then the output is cast and transposed (read 2, write 1 + 1;
-# transformer_engine/pytorch/csrc/extensions/normalization.cpp FUSED_NORM_AMAX_FP8 at v2.9); any
-# other producer's output gets an amax pass and a cast-transpose.
+# Current scaling (Transformer Engine 2.x Float8CurrentScalingQuantizer): a fusing norm or activation
+# computes the amax while it writes its 16-bit output, then the output is cast and transposed (read 2,
+# write 1 + 1; transformer_engine/pytorch/csrc/extensions/normalization.cpp FUSED_NORM_AMAX_FP8 at
+# v2.9, activation.cpp FUSED_ACTIVATION_AMAX_FP8 at d0067d0d); any other producer's output gets an
+# amax pass and a cast-transpose.
+# A GEMM input that reaches its GEMM through a sequence-parallel all-gather in fp8 (``fp8_all_gather``)
+# is cast on the sequence shard before the gather, one layout only (read 16 bits, write fp8: 1/tp of
+# the GEMM's rows, with its amax pass under current scaling), and the transposed copy the weight
+# gradient needs is made from the gathered fp8 tensor (FP8_TRANSPOSE_BYTES over all rows): Transformer
+# Engine's grad_output_preprocess ("FP8 case with gather: unfused bgrad, cast, transpose for efficient
+# gather", module/base.py at 7d576ed25; TE 2.x distributed.py _all_gather_fp8 quantizes the shard,
+# then makes the transpose of the gathered tensor), torchao's Float8ColwiseParallel /
+# Float8RowwiseParallel (the cast before the gather; torch._scaled_mm takes its second operand
+# column-major, so the weight-gradient GEMM transposes the gathered fp8 input and output gradient,
+# torchao/float8/float8_ops.py).
 
 
 # Delayed scaling's bookkeeping (``fp8_scale_update = "per_module"``): Transformer Engine up to the
@@ -640,29 +667,37 @@ def _before_module_gemms(updates: list[Op], ops: list[Op], suffix: str) -> list[
 
 
 def fp8_passes(
-    setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op]
+    setup: TrainingSetup, forward: list[Op], b_ops: list[Op], w_ops: list[Op], *, moe: bool
 ) -> tuple[list[Op], list[Op], list[Op]]:
     """fp8 training (Transformer Engine): each layer GEMM's 16-bit input is cast to fp8 (with the
     transposed copy wgrad needs) and so is its output gradient before dgrad/wgrad. Under delayed
     scaling the cast is fused into the producing norm/activation kernel where the stack fuses it
     (``fp8_cast_fusion``), which then pays the fp8 transpose in backward; otherwise it is a separate
-    kernel. Current scaling adds an amax pass to every cast but a fusing norm's, which takes the
-    amax itself. Router and attention products stay 16-bit (``FP8_BF16_GEMMS``); the LM head does
+    kernel. Current scaling adds an amax pass to every cast but a fusing producer's, which takes the
+    amax itself. An input gathered in fp8 under sequence parallelism is cast on its shard and
+    transposed after the gather (see the constants above). Router and attention products stay 16-bit (``FP8_BF16_GEMMS``); the LM head does
     too (``end_ops`` builds it with 16-bit weights). With ``fp8_backward_accumulation = "split"``
     the fp8 dgrad and wgrad GEMMs run with the split accumulator (``hardware.cost.gemm_time_s``: the
     fp8 MAMF rate, without the fast-accumulation speedup)."""
     current = setup.fp8_recipe == "current"
-    fusing = FP8_FUSED_PRODUCERS[setup.fp8_cast_fusion]
+    forward_producers, backward_producers = FP8_FUSED_PRODUCERS[setup.fp8_cast_fusion]
 
-    def producer_kind(producer: str, gradient: bool) -> tuple[bool, bool]:
-        """(fused: the producer writes the fp8 copy, norm: the producer is a norm)"""
+    def fusing_producer(producer: str, gradient: bool) -> bool:
+        """The producer writes the fp8 copy (delayed scaling) or takes the amax (current scaling)."""
         name = producer.removeprefix("recompute_")
         if gradient and name.endswith("_backward"):
-            # backward: only an activation's backward emits the fp8 gradient (a norm's backward
-            # writes the 16-bit residual-stream gradient the next Linear casts itself)
-            name = name.removesuffix("_backward")
-            return name.endswith("_activation") and name in fusing, False
-        return name in fusing, name.endswith("_norm")
+            return name.removesuffix("_backward") in backward_producers
+        return name in forward_producers
+
+    def fp8_gather(op: Op) -> bool:
+        """``op`` is a sequence-parallel all-gather of a GEMM input moving fp8 (``fp8_all_gather_ops``):
+        a forward input gather (or its recompute) or a row-parallel output gradient's backward gather."""
+        name = op.name.removeprefix("recompute_")
+        if not setup.fp8_all_gather or (moe and name.startswith("mlp_")):
+            return False
+        if name.endswith("_backward"):
+            return name.removesuffix("_backward") in FP8_BACKWARD_ALL_GATHERS
+        return name in FP8_ALL_GATHERS
 
     def stays_16bit(op: Op) -> bool:
         return op.name.split("_")[0] == "router" or op.name.startswith(FP8_BF16_GEMMS)
@@ -670,30 +705,39 @@ def fp8_passes(
     def keep_16bit(ops: list[Op]) -> list[Op]:
         return [replace(op, precision="bf16") if op.kind == "gemm" and stays_16bit(op) else op for op in ops]
 
-    def with_casts(ops: list[Op], gradient: bool) -> tuple[list[Op], set[str]]:
-        """``ops`` with their cast kernels, and the GEMMs whose fp8 input a fusing producer wrote."""
+    def with_casts(ops: list[Op], gradient: bool) -> tuple[list[Op], list[Op]]:
+        """``ops`` with their cast kernels, and the fp8 transposes of the GEMM inputs whose transposed
+        copy is made from an fp8 tensor (a fusing producer's, or one gathered in fp8) for wgrad."""
         out: list[Op] = []
-        fused_inputs: set[str] = set()
+        transposes: list[Op] = []
         producer = ""
+        gathered = False
         for op in ops:
             if op.kind == "gemm" and op.weight and not stays_16bit(op) and not op.name.endswith("_wgrad"):
                 # the GEMM's 16-bit input is m x k: X in forward; dY (m x forward n) for a dgrad, whose
                 # producer is the op just before it in backward order (collectives skipped)
                 elements = op.m * op.k * op.batch
-                fused, norm = producer_kind(producer, gradient)
-                if current:
-                    per_element = FP8_CAST_TRANSPOSE_BYTES + (0.0 if fused and norm else FP8_AMAX_BYTES)
+                fused = fusing_producer(producer, gradient)
+                amax = 0.0 if fused or not current else FP8_AMAX_BYTES
+                writes_fp8 = fused and not current
+                if gathered:
+                    cast_bytes = 0.0 if writes_fp8 else (FP8_CAST_BYTES + amax) * elements / setup.plan.tp
                 else:
-                    per_element = 0.0 if fused else FP8_CAST_TRANSPOSE_BYTES
-                    if fused:
-                        fused_inputs.add(op.name.removeprefix("recompute_"))
-                if per_element:
-                    out.append(Op(name=f"{op.name}_fp8_cast", kind="memory", bytes_moved=per_element * elements,
+                    cast_bytes = 0.0 if writes_fp8 else (FP8_CAST_TRANSPOSE_BYTES + amax) * elements
+                if cast_bytes:
+                    out.append(Op(name=f"{op.name}_fp8_cast", kind="memory", bytes_moved=cast_bytes,
                                   backward_bytes_moved=0.0, recompute=op.recompute))
+                # a fused producer's output gradient is written with its transpose (TE's
+                # fp8_cast_transpose_bgrad_dgelu_fused); recomputed GEMMs reuse the forward's count
+                if (gathered or (writes_fp8 and not gradient)) and not op.recompute:
+                    transposes.append(Op(name=f"{op.name}_fp8_transpose", kind="memory",
+                                         bytes_moved=FP8_TRANSPOSE_BYTES * elements))
             out.append(op)
-            if op.kind != "collective":
-                producer = op.name
-        return out, fused_inputs
+            if op.kind == "collective":
+                gathered = gathered or fp8_gather(op)
+            else:
+                producer, gathered = op.name, False
+        return out, transposes
 
     def accumulate(ops: list[Op]) -> list[Op]:
         # the dgrad and wgrad GEMMs of the fp8 layers promote their partial sums to fp32 where the
@@ -704,15 +748,11 @@ def fp8_passes(
                 if op.kind == "gemm" and not op.precision and op.name.endswith(("_dgrad", "_wgrad")) else op
                 for op in ops]
 
-    forward, fused_inputs = with_casts(keep_16bit(forward), gradient=False)
-    b_ops = accumulate(with_casts(keep_16bit(b_ops), gradient=True)[0])
-    if fused_inputs:
-        # the fp8 transposes of the fused producers' outputs, before their GEMMs' weight gradients
-        gemms = {op.name: op for op in forward if op.kind == "gemm"}
-        transposes = [Op(name=f"{name}_fp8_transpose", kind="memory",
-                         bytes_moved=FP8_TRANSPOSE_BYTES * gemms[name].m * gemms[name].k * gemms[name].batch)
-                      for name in gemms if name in fused_inputs]
-        w_ops = transposes + w_ops
+    forward, forward_transposes = with_casts(keep_16bit(forward), gradient=False)
+    b_ops, gradient_transposes = with_casts(keep_16bit(b_ops), gradient=True)
+    b_ops = accumulate(b_ops)
+    # the fp8 transposes, before the weight gradients that use them
+    w_ops = forward_transposes + gradient_transposes + w_ops
     b_ops = _before_module_gemms(fp8_scale_update_ops(setup, forward, "b"), b_ops, "_dgrad")
     forward = _before_module_gemms(fp8_scale_update_ops(setup, forward, "f"), forward, "")
     return forward, b_ops, accumulate(keep_16bit(w_ops))

@@ -217,11 +217,45 @@ def test_fp8_cast_kernels_follow_transformer_engine_fusion() -> None:
     assert cast["mlp_up_dgrad_fp8_cast"] == 6 * m * 2 * f and len(cast) == 8 and not transpose
     cast, _ = casts(fp8_recipe="current", fp8_cast_fusion="none")
     assert cast["mlp_up_fp8_cast"] == 6 * m * h and cast["qkv_proj_fp8_cast"] == 6 * m * h
+    # a fused activation takes the amax too (TE activation.cpp FUSED_ACTIVATION_AMAX_FP8)
+    cast, _ = casts(fp8_recipe="current", fp8_cast_fusion="norm_activation")
+    assert cast["mlp_down_fp8_cast"] == 4 * m * f and cast["mlp_up_dgrad_fp8_cast"] == 4 * m * 2 * f
     # the LM head stays 16-bit
     from sim.training.costs import end_ops
 
     ((head, _, _),) = end_ops(parse_training(_fp8()), first=False, last=True)
     assert [op.precision for op in head if op.kind == "gemm"] == ["bf16"]
+
+
+def test_fp8_casts_before_a_sequence_parallel_gather_run_on_the_shard() -> None:
+    # TP 8 with sequence parallelism, gathers in fp8: a gathered GEMM input (qkv and fc1 in forward,
+    # the out_proj and fc2 output gradients in backward) is cast on its 1/8 sequence shard, one
+    # layout (read 2, write 1), and its transpose for the weight gradient is made from the gathered
+    # fp8 tensor (read 1, write 1 over all rows); GEMM inputs that are not gathered keep their
+    # cast-transpose over their own rows
+    m, h, f, tp = 4096, 4096, 11008, 8
+
+    def casts(**training) -> tuple[dict[str, float], dict[str, float]]:
+        config = _fp8(**training)
+        config["parallel"] = {"tp": tp, "sequence_parallel": True}
+        forward, backward, weight = layer_passes(parse_training(config), moe=False)
+        return ({op.name: op.bytes_moved for op in forward + backward if op.name.endswith("_fp8_cast")},
+                {op.name: op.bytes_moved for op in weight if op.name.endswith("_fp8_transpose")})
+
+    # Megatron-Core, delayed scaling: the norms write fp8 on the shard (no cast kernel)
+    cast, transpose = casts()
+    assert cast == {"out_proj_fp8_cast": 4 * m * h / tp, "mlp_down_fp8_cast": 4 * m * f / tp,
+                    "mlp_down_dgrad_fp8_cast": 3 * m * h / tp, "mlp_up_dgrad_fp8_cast": 4 * m * 2 * f / tp,
+                    "out_proj_dgrad_fp8_cast": 3 * m * h / tp, "qkv_proj_dgrad_fp8_cast": 4 * m * 3 * h / tp}
+    assert transpose == {"qkv_proj_fp8_transpose": 2 * m * h, "mlp_up_fp8_transpose": 2 * m * h,
+                         "mlp_down_dgrad_fp8_transpose": 2 * m * h, "out_proj_dgrad_fp8_transpose": 2 * m * h}
+    # torchao-style current scaling, no fusion: the shard's cast has its amax pass (read 2)
+    cast, transpose = casts(fp8_recipe="current", fp8_cast_fusion="none")
+    assert cast["qkv_proj_fp8_cast"] == 5 * m * h / tp and cast["mlp_down_dgrad_fp8_cast"] == 5 * m * h / tp
+    assert cast["mlp_down_fp8_cast"] == 6 * m * f / tp and len(transpose) == 4
+    # gathers in 16 bits: the gathered tensor is cast, as without sequence parallelism
+    cast, transpose = casts(fp8_all_gather=False)
+    assert cast["out_proj_dgrad_fp8_cast"] == 4 * m * h and "out_proj_dgrad_fp8_transpose" not in transpose
 
 
 def test_per_module_fp8_scale_updates_are_small_kernels_each_pass() -> None:
@@ -860,3 +894,29 @@ def test_flash_bshd_on_te_transformer_layer_copies_the_packed_qkv_both_ways() ->
             == 2.0 * 4096 * 3072 * 2.0
         _, _, native = passes(framework, 2, "native")
         assert not [name for name in native if "layout" in name]
+
+
+def test_torch_compile_fuses_the_amax_of_torchao_casts_into_the_producing_kernels() -> None:
+    # torchtitan's float8 (current scaling, every cast a kernel): eager, each cast reads its input twice
+    # (amax, then cast-transpose: 2 + 2 + 1 + 1 B per element); under torch.compile the Inductor kernel
+    # that produces the input takes the amax (fp8_cast_fusion "compiled"): the norms, the activation and
+    # the attention output's layout copy forward, the activation's, RoPE's and the second norm's backward,
+    # but not the block output's gradient, which the next block's compiled graph produces
+    m, h, f = 4096, 4096, 11008
+
+    def casts(**training) -> dict[str, float]:
+        forward, backward, _ = layer_passes(parse_training(_fp8(framework="torchtitan", **training)), moe=False)
+        return {op.name: op.bytes_moved for op in forward + backward if op.name.endswith("_fp8_cast")}
+
+    eager = casts()
+    assert parse_training(_fp8(framework="torchtitan")).fp8_cast_fusion == "none"
+    assert all(eager[name] == 6 * m * n for name, n in (("qkv_proj_fp8_cast", h), ("mlp_down_fp8_cast", f),
+                                                          ("mlp_down_dgrad_fp8_cast", h)))
+    compiled = casts(compile=True)
+    assert compiled == {"qkv_proj_fp8_cast": 4 * m * h, "out_proj_fp8_cast": 4 * m * h, "mlp_up_fp8_cast": 4 * m * h,
+                        "mlp_down_fp8_cast": 4 * m * f, "mlp_down_dgrad_fp8_cast": 6 * m * h,
+                        "mlp_up_dgrad_fp8_cast": 4 * m * 2 * f, "out_proj_dgrad_fp8_cast": 4 * m * h,
+                        "qkv_proj_dgrad_fp8_cast": 4 * m * 3 * h}
+    # a fusion the config names wins over compile's; Transformer Engine's modules stay opaque to Inductor
+    assert casts(compile=True, fp8_cast_fusion="none") == eager
+    assert parse_training(_fp8(compile=True)).fp8_cast_fusion == "norm"

@@ -29,16 +29,17 @@ def test_every_pair_runs_fits_and_is_counted(report: SuiteReport) -> None:
 def test_thresholds_hold_at_both_fidelities(report: SuiteReport) -> None:
     analytic = run_training_pairs_suite(fidelity="analytic")
     assert not report.failures() and not analytic.failures(), (report.failures(), analytic.failures())
-    assert PAIR_THRESHOLDS[0].max_mape <= 0.050 and PAIR_THRESHOLDS[0].max_row_error <= 0.117
+    assert PAIR_THRESHOLDS[0].max_mape <= 0.045 and PAIR_THRESHOLDS[0].max_row_error <= 0.069
     errors = {c.row.split(":")[0]: c.error for c in report.rows("speedup")}
-    # torch.compile of torchtitan's eager chains (workloads.eager) within 4 % (within 1.5 % with memory-bound
+    # torch.compile of torchtitan's eager chains (workloads.eager) within 4 % (within 1 % with memory-bound
     # kernels at the STREAM rate; the H100's 0.807 of it is one mean over kernels measured at 0.70-0.93 of it)
     assert 0.0 < errors["titan-llama31-8b-fsdp8"] < 0.04 and 0.0 < errors["titan-llama31-8b-fsdp128"] < 0.04
-    # fp8 over bf16 within 10 % (the issue's target): Transformer Engine's 405B and torchao float8 with its
-    # all-gathers in fp8 (fp8_all_gather) without async TP; with it the run is predicted 11.6 % low (9.2 % with
-    # memory-bound kernels at the STREAM rate), the one pair outside the target
-    assert all(abs(errors[row]) < 0.10 for row in ("te-llama31-405b-2304", "titan-llama31-70b-tp8-vanilla"))
-    assert -0.12 < errors["titan-llama31-70b-tp8-async"] < -0.10
+    # fp8 over bf16 within 10 % (the issue's target), within 5 % today: Transformer Engine's 405B and torchao
+    # float8 with its all-gathers in fp8 (fp8_all_gather, each cast on the sequence shard before its gather),
+    # without and with async TP (-6.0 % for the async run before Inductor took the casts' amax, -11.6 % before
+    # the casts ran on the shard)
+    fp8_pairs = ("te-llama31-405b-2304", "titan-llama31-70b-tp8-vanilla", "titan-llama31-70b-tp8-async")
+    assert all(abs(errors[row]) < 0.05 for row in fp8_pairs)
     # torch's async TP (tp_overlap_method symmetric_memory) on the 70B / 8B TP 8 runs: within 7.5 %
     assert all(abs(errors[row]) < 0.075 for row in ("titan-llama31-70b-tp8-bf16", "titan-llama31-70b-tp8-fp8",
                                                      "titan-llama31-8b-tp8-bf16"))
