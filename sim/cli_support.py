@@ -137,6 +137,7 @@ def resolved_config(config: Mapping[str, Any], result: Any, seed: int | None, co
         # the software stack's settings as the run took them (its profile, under the config's own values)
         training.setdefault("framework", setup.framework)
         training.setdefault("elementwise", setup.elementwise)  # (compile = true makes it "fused")
+        training.setdefault("fp8_cast_fusion", setup.fp8_cast_fusion)  # (compile = true makes "none" "compiled")
         training.setdefault("fp8_params", setup.job.fp8_params)  # (fp8 runs only)
         _, settings = resolve_settings("training", config)
         for key, (section, _) in SETTINGS["training"].items():

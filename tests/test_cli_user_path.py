@@ -336,6 +336,8 @@ recompute = "full"
     ("train-llama3-8b-fsdp", []),
     ("train-llama3-8b-fsdp", ['training.framework="torchtitan"', "training.compile=true", "parallel.hsdp=4"]),
     ("train-llama3-8b-fsdp", ['training.framework="megatron-2021"', "parallel.hsdp=true"]),
+    ("train-llama3-8b-fsdp", ['training.framework="torchtitan"', "training.compile=true", 'training.precision="fp8"',
+                              'parallel.recompute="full"']),
     ("train-fp8-h100", []),
     ("train-hetero-a100-h100", []),
     ("train-hybrid-cp", []),
