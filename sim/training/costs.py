@@ -675,10 +675,11 @@ def fp8_passes(
     (``fp8_cast_fusion``), which then pays the fp8 transpose in backward; otherwise it is a separate
     kernel. Current scaling adds an amax pass to every cast but a fusing producer's, which takes the
     amax itself. An input gathered in fp8 under sequence parallelism is cast on its shard and
-    transposed after the gather (see the constants above). Router and attention products stay 16-bit (``FP8_BF16_GEMMS``); the LM head does
-    too (``end_ops`` builds it with 16-bit weights). With ``fp8_backward_accumulation = "split"``
-    the fp8 dgrad and wgrad GEMMs run with the split accumulator (``hardware.cost.gemm_time_s``: the
-    fp8 MAMF rate, without the fast-accumulation speedup)."""
+    transposed after the gather (see the constants above). Router and attention products stay
+    16-bit (``FP8_BF16_GEMMS``); the LM head does too (``end_ops`` builds it with 16-bit weights).
+    With ``fp8_backward_accumulation = "split"`` the fp8 dgrad and wgrad GEMMs run with the split
+    accumulator (``hardware.cost.gemm_time_s``: the fp8 MAMF rate, without the fast-accumulation
+    speedup)."""
     current = setup.fp8_recipe == "current"
     forward_producers, backward_producers = FP8_FUSED_PRODUCERS[setup.fp8_cast_fusion]
 
