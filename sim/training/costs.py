@@ -721,11 +721,9 @@ def fp8_passes(
                 fused = fusing_producer(producer, gradient)
                 amax = 0.0 if fused or not current else FP8_AMAX_BYTES
                 writes_fp8 = fused and not current
-                if gathered:
-                    cast_bytes = 0.0 if writes_fp8 else (FP8_CAST_BYTES + amax) * elements / setup.plan.tp
-                else:
-                    cast_bytes = 0.0 if writes_fp8 else (FP8_CAST_TRANSPOSE_BYTES + amax) * elements
-                if cast_bytes:
+                if not writes_fp8:  # a cast kernel: on the shard, one layout, before an fp8 gather
+                    cast_bytes = ((FP8_CAST_BYTES + amax) * elements / setup.plan.tp if gathered
+                                  else (FP8_CAST_TRANSPOSE_BYTES + amax) * elements)
                     out.append(Op(name=f"{op.name}_fp8_cast", kind="memory", bytes_moved=cast_bytes,
                                   backward_bytes_moved=0.0, recompute=op.recompute))
                 # a fused producer's output gradient is written with its transpose (TE's
